@@ -1,0 +1,55 @@
+"""The ``lerobot`` click group and the hyphenated console-script aliases.
+
+Subcommand modules are imported only when their command runs, so ``lerobot --help``
+and ``inspect-checkpoint`` never import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import click
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("lerobot_kit.cli.train", "Train a policy (one process, torchrun or accelerate launch)."),
+    "plan": ("lerobot_kit.cli.plan", "Print the sharding plan and per-rank memory for a world size, without training."),
+    "convert-dcp": ("lerobot_kit.cli.convert_dcp", "Merge DCP weight shards into model.safetensors, offline."),
+    "inspect-checkpoint": ("lerobot_kit.cli.inspect_checkpoint", "Show and validate what a checkpoint holds."),
+    "plugins": ("lerobot_kit.cli.plugins", "List installed plugins and what each registered."),
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands live in modules imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in SUBCOMMANDS:
+            return None
+        return importlib.import_module(SUBCOMMANDS[name][0]).command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, help_text) for name, (_, help_text) in SUBCOMMANDS.items()])
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="lerobot-kit")
+def cli() -> None:
+    """lerobot-kit: train robot-learning policies on one process or hundreds."""
+
+
+def _alias(name: str) -> Any:
+    def entry() -> None:
+        cli.main(args=[name, *sys.argv[1:]], prog_name=f"lerobot-{name}")
+
+    return entry
+
+
+train_entry = _alias("train")
+convert_dcp_entry = _alias("convert-dcp")
+inspect_checkpoint_entry = _alias("inspect-checkpoint")

@@ -1,0 +1,149 @@
+"""The typed training config tree (pydantic v2, no torch).
+
+Every setting of a run lives here; flags (``--a.b=v``) and ``--config_path`` JSON are
+merged into one dict and validated by ``parse_train_config``. ``policy`` and
+``dataset`` are polymorphic: their class is picked by ``type`` from the plugin
+registry, so a plugin's config fields are validated and round-trip like built-ins.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, assignments validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class PolicyConfig(Section):
+    """Fields every policy has; a policy plugin subclasses this with its own."""
+
+    type: str = Field("act", description="Policy type, from the plugin registry (`lerobot plugins`).")
+    path: str | None = Field(
+        None, description="Pretrained policy folder (a checkpoint step or its pretrained_model/) to start from."
+    )
+    repo_id: str | None = Field(None, description="Hub repo to publish the final pretrained_model/ to.")
+    push_to_hub: bool = Field(True, description="Push to --policy.repo_id at the end (only when repo_id is set).")
+    private: bool = Field(False, description="Create the hub repo as private.")
+
+    def delta_indices(self) -> dict[str, list[int]]:
+        """Frame offsets the policy needs per feature, e.g. ``{"action": [0..chunk-1]}``."""
+        return {}
+
+
+class DatasetConfig(Section):
+    """Fields every dataset has; a dataset plugin subclasses this with its own."""
+
+    type: str = Field("reach", description="Dataset type; `lerobot` when --dataset.repo_id is given.")
+    repo_id: str | None = Field(None, description="LeRobot-format dataset id (user/name).")
+    root: str | None = Field(None, description="Local folder of the dataset (else the Hugging Face cache).")
+
+
+class ParallelismConfig(Section):
+    dp_replicate: int | None = Field(
+        None, description="Replica groups (DDP/HSDP). Unset with dp_shard unset: every process is a replica (DDP)."
+    )
+    dp_shard: int | None = Field(
+        None, description="Ranks each model is sharded over (FSDP2); -1 = all launched processes / dp_replicate."
+    )
+    timeout_s: int = Field(600, ge=1, description="Collective timeout in seconds; a hung rank fails the run after it.")
+
+
+class GradientAccumulationConfig(Section):
+    steps: int = Field(1, ge=1, description="Micro-batches per optimizer update; gradients sync once per update.")
+
+
+DTypeName = Literal["float32", "bfloat16", "float16"]
+
+
+class MixedPrecisionPolicyConfig(Section):
+    param_dtype: DTypeName | None = Field(None, description="FSDP MixedPrecisionPolicy.param_dtype.")
+    reduce_dtype: DTypeName | None = Field(None, description="FSDP MixedPrecisionPolicy.reduce_dtype.")
+    output_dtype: DTypeName | None = Field(None, description="FSDP MixedPrecisionPolicy.output_dtype.")
+    cast_forward_inputs: bool | None = Field(None, description="FSDP MixedPrecisionPolicy.cast_forward_inputs.")
+
+    def is_set(self) -> bool:
+        return any(v is not None for v in self.model_dump().values())
+
+
+class FSDPConfig(Section):
+    wrap_modules: list[str] | None = Field(
+        None, description='Module class names to shard as units, e.g. \'["Block"]\' (overrides the policy).'
+    )
+    min_num_params: int | None = Field(
+        None, ge=1, description="Wrap every submodule with at least this many parameters (no declared units)."
+    )
+    reshard_after_forward: bool = Field(True, description="Free each unit's gathered parameters after forward.")
+    cpu_offload: bool = Field(False, description="Keep parameters, gradients and optimizer state on CPU.")
+    ignored_modules: str | None = Field(
+        None, description="Regex (full match) over module paths kept unsharded; for PEFT start with '.*'."
+    )
+    mixed_precision_policy: MixedPrecisionPolicyConfig = Field(default_factory=MixedPrecisionPolicyConfig)
+
+
+class AcceleratorConfig(Section):
+    mixed_precision: Literal["no", "bf16", "fp16"] = Field("no", description="Autocast precision; fp16 adds a loss scaler.")
+    gradient_accumulation: GradientAccumulationConfig = Field(default_factory=GradientAccumulationConfig)
+    fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
+
+
+class PeftConfig(Section):
+    method_type: str | None = Field(None, description="PEFT method, e.g. LORA; unset = full training.")
+    r: int = Field(16, ge=1, description="LoRA rank.")
+    lora_alpha: int | None = Field(None, description="LoRA alpha (default: r).")
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
+    target_modules: list[str] | str | None = Field(
+        None, description="Module names (list) or a regex to adapt; default per policy."
+    )
+    full_training_modules: list[str] | None = Field(None, description="Modules trained in full and saved.")
+
+
+class OptimizerConfig(Section):
+    type: Literal["adamw"] = Field("adamw", description="Optimizer.")
+    lr: float = Field(1e-4, gt=0, description="Learning rate (never scaled automatically).")
+    weight_decay: float = Field(1e-4, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    eps: float = Field(1e-8, gt=0, description="AdamW eps.")
+    grad_clip_norm: float | None = Field(10.0, description="Clip the global gradient norm (unset: no clipping).")
+
+
+class SchedulerConfig(Section):
+    type: Literal["constant", "cosine"] = Field("constant", description="LR schedule, stepped once per step.")
+    num_warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor as a fraction of lr.")
+
+
+class TrackioConfig(Section):
+    enable: bool = Field(False, description="Log config and metrics to trackio (local-first).")
+    project: str = Field("lerobot-kit", description="trackio project.")
+
+
+class TrainConfig(Section):
+    policy: SerializeAsAny[PolicyConfig] = Field(default_factory=PolicyConfig)
+    dataset: SerializeAsAny[DatasetConfig] = Field(default_factory=DatasetConfig)
+    output_dir: str | None = Field(None, description="Run folder (default outputs/train/<job_name>).")
+    job_name: str | None = Field(None, description="Run name (default <policy.type>_<dataset.type>).")
+    resume: bool = Field(False, description="Resume the run in output_dir from checkpoints/last.")
+    seed: int = Field(1000, description="Seed of weights, data order and dropout.")
+    steps: int = Field(1000, ge=1, description="Loop steps (micro-batches per worker), not optimizer updates.")
+    batch_size: int = Field(8, ge=1, description="Micro-batch per data-parallel worker.")
+    num_workers: int = Field(0, ge=0, description="DataLoader worker processes.")
+    log_freq: int = Field(100, ge=1, description="Log every N steps.")
+    save_checkpoint: bool = Field(True, description="Write checkpoints.")
+    save_freq: int = Field(1000, ge=1, description="Checkpoint every N steps (and at the end).")
+    checkpoint_format: str = Field(
+        "safetensors", description="Weights format of sharded runs: safetensors | dcp | safetensors_dcp."
+    )
+    parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
+    accelerator: AcceleratorConfig = Field(default_factory=AcceleratorConfig)
+    peft: PeftConfig = Field(default_factory=PeftConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    trackio: TrackioConfig = Field(default_factory=TrackioConfig)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")

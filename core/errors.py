@@ -1,0 +1,28 @@
+"""User-facing errors.
+
+Anything raised as a ``LerobotError`` is a problem with the user's input or files, not a
+bug: the CLI prints its message as one line (or a few, one per problem) and exits
+non-zero, never with a traceback.
+"""
+
+from __future__ import annotations
+
+
+class LerobotError(Exception):
+    """A problem the user can fix; ``str(err)`` says what is wrong and how to fix it."""
+
+    exit_code = 1
+
+
+class ConfigError(LerobotError):
+    """Bad flags or config file (click's usage-error exit code)."""
+
+    exit_code = 2
+
+
+class PluginError(LerobotError):
+    """A plugin failed to import, or two plugins registered the same name."""
+
+
+class CheckpointError(LerobotError):
+    """A checkpoint is missing, incomplete, corrupt or of an incompatible layout."""

@@ -1,0 +1,1 @@
+"""Plugin hooks, the plugin manager and the built-in plugins."""

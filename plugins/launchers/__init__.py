@@ -1,0 +1,15 @@
+"""Built-in launchers: torchrun/elastic, accelerate launch, SLURM srun, a plain process."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from lerobot_kit.plugins.hookspecs import hookimpl
+
+
+@hookimpl
+def lerobot_register_launchers(register: Callable[..., None]) -> None:
+    register("torchrun", "lerobot_kit.plugins.launchers.builtin:TorchrunLauncher")
+    register("accelerate", "lerobot_kit.plugins.launchers.builtin:AccelerateLauncher")
+    register("slurm", "lerobot_kit.plugins.launchers.builtin:SlurmLauncher")
+    register("single", "lerobot_kit.plugins.launchers.builtin:SingleProcessLauncher")
