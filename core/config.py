@@ -125,7 +125,7 @@ class TrackioConfig(Section):
 class TrainConfig(Section):
     policy: SerializeAsAny[PolicyConfig] = Field(default_factory=PolicyConfig)
     dataset: SerializeAsAny[DatasetConfig] = Field(default_factory=DatasetConfig)
-    output_dir: str | None = Field(None, description="Run folder (default outputs/train/<job_name>).")
+    output_dir: str | None = Field(None, description="Run folder (default outputs/train/<date>/<time>_<job_name>).")
     job_name: str | None = Field(None, description="Run name (default <policy.type>_<dataset.type>).")
     resume: bool = Field(False, description="Resume the run in output_dir from checkpoints/last.")
     seed: int = Field(1000, description="Seed of weights, data order and dropout.")

@@ -1,0 +1,51 @@
+"""``lerobot train``: flags → config → run. Also the ``lerobot-train`` console script."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from lerobot_kit.cli.errors import user_errors
+
+
+def _selected_type(args: list[str], section: str, default: str) -> str:
+    for arg in args:
+        if arg.startswith(f"--{section}.type="):
+            return arg.split("=", 1)[1]
+    return default
+
+
+def _print_help(args: list[str]) -> None:
+    from lerobot_kit.cli.help import render_help
+    from lerobot_kit.plugins.manager import get_registry
+
+    registry = get_registry()
+    policy = registry.get("policy", _selected_type(args, "policy", "act")).config_class
+    dataset = registry.get("dataset", _selected_type(args, "dataset", "reach")).config_class
+    click.echo(render_help(policy, dataset, {k: registry.names(k) for k in ("policy", "dataset")}))
+
+
+def run_train(args: list[str]) -> None:
+    with user_errors():
+        if "--help" in args or "-h" in args:
+            _print_help(args)
+            return
+        from lerobot_kit.core.flags import CONFIG_PATH_FLAG, flags_to_dict, parse_train_config
+
+        config_path = flags_to_dict(args).get(CONFIG_PATH_FLAG)
+        config = parse_train_config(args)
+        from lerobot_kit.core.run import train
+
+        train(config, config_path)
+
+
+@click.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+    add_help_option=False,
+    help="Train a policy. `lerobot train --help` lists every flag.",
+)
+@click.pass_context
+def command(ctx: click.Context) -> None:
+    run_train(list(ctx.args))
+    sys.stdout.flush()

@@ -1,0 +1,71 @@
+"""Crash-safe step folders: a checkpoint becomes visible only when it is complete.
+
+Every rank writes into ``NNNNNN.tmp``; after all ranks finish, the main process
+fsyncs, renames it to ``NNNNNN`` and then swaps the ``last`` symlink with an atomic
+``os.replace``. A crash at any point leaves the previous checkpoint and ``last`` intact;
+a stale ``.tmp`` is wiped by the next save of that step and ignored by resume.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from lerobot_kit.core.checkpoint import layout
+
+
+def temp_step_dir(output_dir: Path, step: int) -> Path:
+    return layout.checkpoints_root(output_dir) / (layout.step_dir_name(step) + layout.TMP_SUFFIX)
+
+
+def prepare_temp_dir(output_dir: Path, step: int) -> Path:
+    """Main process only: an empty temporary folder for this step's checkpoint."""
+    tmp = temp_step_dir(output_dir, step)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    (tmp / layout.PRETRAINED_DIR).mkdir(parents=True)
+    (tmp / layout.TRAINING_STATE_DIR).mkdir()
+    return tmp
+
+
+def fsync_tree(root: Path) -> None:
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            with open(os.path.join(dirpath, name), "rb") as handle:
+                os.fsync(handle.fileno())
+        fsync_dir(Path(dirpath))
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish(output_dir: Path, step: int) -> Path:
+    """Main process only: make the finished temporary folder the step folder and ``last``."""
+    root = layout.checkpoints_root(output_dir)
+    tmp = temp_step_dir(output_dir, step)
+    final = root / layout.step_dir_name(step)
+    fsync_tree(tmp)
+    if final.exists():
+        # Re-saving a step (e.g. after a resume at that step): move the old one aside first
+        # so that ``final`` never holds a mix of both.
+        stale = root / (layout.step_dir_name(step) + ".old")
+        if stale.exists():
+            shutil.rmtree(stale)
+        os.replace(final, stale)
+        os.replace(tmp, final)
+        shutil.rmtree(stale)
+    else:
+        os.replace(tmp, final)
+    link_tmp = root / (layout.LAST_LINK + layout.TMP_SUFFIX)
+    if link_tmp.is_symlink() or link_tmp.exists():
+        link_tmp.unlink()
+    link_tmp.symlink_to(final.name)
+    os.replace(link_tmp, root / layout.LAST_LINK)
+    fsync_dir(root)
+    return final

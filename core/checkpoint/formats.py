@@ -1,0 +1,100 @@
+"""What a checkpoint format is, and the two ways of storing weights the built-ins combine.
+
+A format decides how a run's *weights* are stored; optimizer and training state are
+the same for every format (DCP shards for sharded runs, safetensors otherwise).
+Non-sharded runs always store one gathered file, whatever the format: there is
+nothing to shard. A plugin format subclasses ``CheckpointFormat``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lerobot_kit.core.checkpoint import layout
+from lerobot_kit.core.errors import CheckpointError
+
+
+class CheckpointFormat(ABC):
+    """Saves and loads model weights of a (possibly sharded) model. Both are collective."""
+
+    @abstractmethod
+    def save_weights(self, model: nn.Module, pretrained_dir: Path, *, sharded: bool, is_main: bool) -> str:
+        """Write the weights; return what was written ("gathered", "dcp" or "gathered+dcp")."""
+
+    def load_weights(self, model: nn.Module, pretrained_dir: Path, *, distributed: bool, is_main: bool) -> None:
+        """Load weights into ``model`` on the current topology, from whatever the folder holds."""
+        load_any_weights(model, pretrained_dir, distributed=distributed, is_main=is_main)
+
+
+def write_gathered(model: nn.Module, pretrained_dir: Path, *, sharded: bool, is_main: bool) -> None:
+    """One ``model.safetensors`` of full fp32 weights; the gather is collective, the main process writes."""
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if sharded:
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    else:
+        state = model.state_dict()
+    if is_main:
+        tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in state.items()}
+        save_file(tensors, str(pretrained_dir / layout.MODEL_WEIGHTS), metadata={"format": "pt"})
+
+
+def write_shards(model: nn.Module, pretrained_dir: Path) -> None:
+    """DCP shards of the weights: every rank writes its own part, nothing is gathered."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    dcp.save(get_model_state_dict(model), checkpoint_id=str(pretrained_dir / layout.DCP_MODEL_DIR))
+
+
+def load_any_weights(model: nn.Module, pretrained_dir: Path, *, distributed: bool, is_main: bool) -> None:
+    """DCP shards when present (reshard onto any topology), else the gathered file."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        set_model_state_dict,
+    )
+
+    shards = pretrained_dir / layout.DCP_MODEL_DIR
+    gathered = pretrained_dir / layout.MODEL_WEIGHTS
+    if shards.is_dir():
+        state = get_model_state_dict(model)
+        try:
+            dcp.load(state, checkpoint_id=str(shards))
+        except Exception as exc:  # noqa: BLE001 - DCP raises many types for damaged shards
+            raise CheckpointError(f"{shards}: cannot load the weight shards ({_first_line(exc)})") from exc
+        set_model_state_dict(model, state)
+        return
+    if not gathered.is_file():
+        raise CheckpointError(f"{pretrained_dir}: holds neither {layout.MODEL_WEIGHTS} nor {layout.DCP_MODEL_DIR}/")
+    full = read_safetensors(gathered) if (is_main or not distributed) else {}
+    if distributed:
+        set_model_state_dict(
+            model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=True)
+        )
+    else:
+        missing, unexpected = model.load_state_dict(full, strict=False)
+        if missing or unexpected:
+            raise CheckpointError(
+                f"{gathered}: does not match the policy (missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})"
+            )
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
+        raise CheckpointError(f"{path}: unreadable ({_first_line(exc)}); the file is corrupt or truncated") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -1,0 +1,113 @@
+"""Serialising the non-model parts of a run: optimizer, RNG, scheduler, scaler, step.
+
+Optimizer state is keyed by parameter name (FQN), not index, in every format, so a
+checkpoint written by one layout loads into another: ``optimizer_state.safetensors``
+holds ``state.<fqn>.<key>`` tensors and ``optimizer_param_groups.json`` the groups with
+their parameter names.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from lerobot_kit.core.checkpoint import layout
+from lerobot_kit.core.errors import CheckpointError
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path}: missing; the checkpoint is incomplete") from exc
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); the file is corrupt") from exc
+
+
+def save_full_optimizer(state: dict[str, Any], directory: Path) -> None:
+    tensors: dict[str, torch.Tensor] = {}
+    for fqn, entry in state["state"].items():
+        for key, value in entry.items():
+            tensor = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+            tensors[f"state.{fqn}.{key}"] = tensor.detach().to("cpu").contiguous()
+    save_file(tensors, str(directory / layout.OPTIMIZER_STATE))
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items()} for group in state["param_groups"]]
+    write_json(directory / layout.OPTIMIZER_PARAM_GROUPS, groups)
+
+
+def load_full_optimizer(directory: Path) -> dict[str, Any]:
+    path = directory / layout.OPTIMIZER_STATE
+    try:
+        tensors = load_file(str(path))
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path}: missing; the checkpoint holds no optimizer state") from exc
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
+        raise CheckpointError(f"{path}: unreadable ({exc}); the file is corrupt or truncated") from exc
+    state: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in tensors.items():
+        fqn, _, key = name.removeprefix("state.").rpartition(".")
+        state.setdefault(fqn, {})[key] = tensor
+    groups = read_json(directory / layout.OPTIMIZER_PARAM_GROUPS)
+    for group in groups:
+        if "betas" in group:
+            group["betas"] = tuple(group["betas"])
+    return {"state": state, "param_groups": groups}
+
+
+def capture_rng() -> dict[str, torch.Tensor]:
+    """This process's random state: torch (CPU and CUDA), numpy and Python."""
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors["cuda"] = torch.cuda.get_rng_state()
+    _, keys, pos, has_gauss, cached = np.random.get_state()
+    tensors["numpy"] = torch.from_numpy(np.asarray(keys, dtype=np.int64))
+    tensors["numpy_extra"] = torch.tensor([pos, has_gauss], dtype=torch.int64)
+    tensors["numpy_gauss"] = torch.tensor([cached], dtype=torch.float64)
+    version, internal, gauss = random.getstate()
+    tensors["python"] = torch.tensor(internal, dtype=torch.int64)
+    tensors["python_extra"] = torch.tensor([version], dtype=torch.int64)
+    tensors["python_gauss"] = torch.tensor([float("nan") if gauss is None else gauss], dtype=torch.float64)
+    return tensors
+
+
+def restore_rng(tensors: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(tensors["torch"])
+    if "cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["cuda"])
+    pos, has_gauss = tensors["numpy_extra"].tolist()
+    np.random.set_state(
+        ("MT19937", tensors["numpy"].numpy().astype(np.uint32), pos, has_gauss, tensors["numpy_gauss"].item())
+    )
+    gauss = tensors["python_gauss"].item()
+    random.setstate(
+        (int(tensors["python_extra"][0]), tuple(tensors["python"].tolist()), None if gauss != gauss else gauss)
+    )
+
+
+def save_rng(per_rank: list[dict[str, torch.Tensor]], directory: Path) -> None:
+    flat = {f"rank{rank}.{key}": value for rank, states in enumerate(per_rank) for key, value in states.items()}
+    save_file(flat, str(directory / layout.RNG_STATE))
+
+
+def load_rng(directory: Path, rank: int) -> dict[str, torch.Tensor] | None:
+    """The RNG state saved by ``rank`` (or None when that rank did not exist then)."""
+    path = directory / layout.RNG_STATE
+    try:
+        flat = load_file(str(path))
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path}: missing; the checkpoint is incomplete") from exc
+    except Exception as exc:  # noqa: BLE001
+        raise CheckpointError(f"{path}: unreadable ({exc}); the file is corrupt or truncated") from exc
+    prefix = f"rank{rank}."
+    mine = {k.removeprefix(prefix): v for k, v in flat.items() if k.startswith(prefix)}
+    return mine or None

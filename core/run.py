@@ -1,0 +1,201 @@
+"""Assemble a training run from a validated config and hand it to the Trainer.
+
+This is DESIGN.md's data flow, one call per arrow: env guard → process group →
+topology → output folder → data → policy → parallelize → optimizer/scheduler/scaler
+→ optional resume → banner → loop → final save/push.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from lerobot_kit.core.accelerate_guard import check_accelerate_env
+from lerobot_kit.core.banner import format_banner
+from lerobot_kit.core.checkpoint import layout
+from lerobot_kit.core.checkpoint.manager import restore_checkpoint
+from lerobot_kit.core.components import RunComponents
+from lerobot_kit.core.config import TrainConfig
+from lerobot_kit.core.data import DataPosition, ResumableBatchSampler
+from lerobot_kit.core.distributed import DistContext, broadcast_object, init_distributed, shutdown
+from lerobot_kit.core.errors import CheckpointError, ConfigError
+from lerobot_kit.core.optim import build_optimizer, build_scheduler
+from lerobot_kit.core.parallelize import parallelize
+from lerobot_kit.core.precision import build_grad_scaler
+from lerobot_kit.core.topology import ParallelDims
+from lerobot_kit.core.trainer import Trainer, TrainResult
+
+logger = logging.getLogger("lerobot_kit")
+
+
+@dataclass
+class RunPlan:
+    """Where the run writes, and the checkpoint it resumes from (if any)."""
+
+    output_dir: Path
+    resume_from: Path | None
+
+
+def plan_output(config: TrainConfig, config_path: str | None) -> RunPlan:
+    """Decide the run folder and resume source; refuse to overwrite an existing run."""
+    if config.resume:
+        step_dir = _checkpoint_of(config_path)
+        if step_dir is None:
+            if config.output_dir is None:
+                raise ConfigError(
+                    "--resume=true needs a run to resume: pass --config_path=<output_dir>/checkpoints/last/"
+                    "pretrained_model/train_config.json (or --output_dir of the run)"
+                )
+            step_dir = layout.last_checkpoint(Path(config.output_dir))
+            if step_dir is None:
+                raise CheckpointError(
+                    f"--resume=true: {config.output_dir} has no checkpoint to resume ({layout.CHECKPOINTS_DIR}/"
+                    f"{layout.LAST_LINK} is missing); start a new run without --resume"
+                )
+        return RunPlan(step_dir.parent.parent, step_dir)
+    if config.output_dir is None:
+        stamp = datetime.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+        job = config.job_name or f"{config.policy.type}_{config.dataset.type}"
+        output_dir = Path("outputs/train") / f"{stamp}_{job}"
+    else:
+        output_dir = Path(config.output_dir)
+    if output_dir.exists() and any(output_dir.iterdir()):
+        raise ConfigError(
+            f"--output_dir={output_dir} already exists and is not empty; pass --resume=true to continue "
+            "that run, or choose another --output_dir (nothing was changed)"
+        )
+    return RunPlan(output_dir, None)
+
+
+def _checkpoint_of(config_path: str | None) -> Path | None:
+    """The step folder a ``.../checkpoints/NNNNNN/pretrained_model/train_config.json`` lives in."""
+    if not config_path:
+        return None
+    pretrained = Path(config_path).resolve().parent
+    if pretrained.name != layout.PRETRAINED_DIR:
+        return None
+    step_dir = pretrained.parent
+    return step_dir if (step_dir / layout.TRAINING_STATE_DIR).is_dir() else None
+
+
+def setup_logging(is_main: bool) -> None:
+    """Only the main process prints (SPEC S2.6); other ranks keep errors only."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.INFO if is_main else logging.ERROR)
+    logger.propagate = False
+
+
+def train(config: TrainConfig, config_path: str | None = None) -> TrainResult:
+    check_accelerate_env(os.environ)
+    ctx = init_distributed(config.parallelism.timeout_s)
+    setup_logging(ctx.is_main)
+    try:
+        return _train(config, config_path, ctx)
+    finally:
+        shutdown(ctx)
+
+
+def _agreed_plan(config: TrainConfig, config_path: str | None, ctx: DistContext) -> RunPlan:
+    """The main process decides (one clock, one look at the disk); the others follow."""
+    outcome: object = None
+    if ctx.is_main:
+        try:
+            outcome = plan_output(config, config_path)
+        except (ConfigError, CheckpointError) as exc:
+            outcome = exc
+    outcome = broadcast_object(ctx, outcome)
+    if isinstance(outcome, Exception):
+        raise outcome
+    assert isinstance(outcome, RunPlan)
+    return outcome
+
+
+def _train(config: TrainConfig, config_path: str | None, ctx: DistContext) -> TrainResult:
+    from lerobot_kit.core.policy import load_pretrained_weights, make_policy
+    from lerobot_kit.core.processor import make_processors
+    from lerobot_kit.plugins.manager import get_registry
+
+    dims = ParallelDims.resolve(config.parallelism, ctx.world_size)
+    accumulation = config.accelerator.gradient_accumulation.steps
+    if config.save_checkpoint and config.save_freq % accumulation:
+        raise ConfigError(
+            f"--save_freq={config.save_freq} must be a multiple of --accelerator.gradient_accumulation.steps="
+            f"{accumulation}, so that checkpoints fall between optimizer updates"
+        )
+    plan = _agreed_plan(config, config_path, ctx)
+    config.output_dir = str(plan.output_dir)
+    config.resume = plan.resume_from is not None
+
+    dataset = get_registry().get("dataset", config.dataset.type).load()(config.dataset, config.policy.delta_indices())
+    torch.manual_seed(config.seed)
+    policy = make_policy(config.policy, dataset.meta)
+    if config.policy.path and plan.resume_from is None:
+        load_pretrained_weights(policy, Path(config.policy.path))
+    preprocessor, postprocessor = make_processors(config.policy, dataset.meta)
+    policy.to(ctx.device)
+    mesh = dims.build_mesh(ctx.device.type)
+    parallel = parallelize(
+        policy, dims, mesh, config.accelerator, getattr(type(policy), "_fsdp_wrap_modules", None), ctx.device
+    )
+    params = [p for p in parallel.model.parameters() if p.requires_grad]
+    optimizer = build_optimizer(params, config.optimizer)
+    scheduler = build_scheduler(optimizer, config.scheduler, config.steps)
+    scaler = build_grad_scaler(config.accelerator, dims, ctx)
+    run = RunComponents(
+        config, ctx, dims, parallel, optimizer, scheduler, scaler, preprocessor, postprocessor, dataset.meta,
+        plan.output_dir,
+    )
+    start_step, position = 0, DataPosition()
+    if plan.resume_from is not None:
+        restored = restore_checkpoint(run, plan.resume_from)
+        start_step, position = restored.step, restored.position
+        position = _check_data_position(restored.saved, config, dims, position)
+    else:
+        # Dropout differs per rank; weights (seeded above) and data order do not depend on it.
+        torch.manual_seed(config.seed + ctx.rank)
+    dp_rank = _dp_rank(ctx, dims)
+    sampler = ResumableBatchSampler(
+        len(dataset), config.batch_size, dims.dp_world_size, dp_rank, config.seed, start=position
+    )
+    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=config.num_workers)
+    if ctx.is_main:
+        plan.output_dir.mkdir(parents=True, exist_ok=True)
+        for line in format_banner(run, len(dataset), start_step):
+            logger.info(line)
+    if ctx.distributed:
+        dist.barrier()
+    trainer = Trainer(run, iter(loader), sampler, start_step, position)
+    result = trainer.fit()
+    if ctx.is_main and result.logged:
+        first, last = result.logged[0]["loss"], result.logged[-1]["loss"]
+        logger.info(f"done: {result.steps_done} steps | first logged loss {first:.4f} | last logged loss {last:.4f}")
+        if result.last_checkpoint:
+            logger.info(f"checkpoint: {result.last_checkpoint}")
+    return result
+
+
+def _dp_rank(ctx: DistContext, dims: ParallelDims) -> int:
+    """Data-parallel workers are all ranks in these layouts: the global rank is the dp rank."""
+    return ctx.rank
+
+
+def _check_data_position(
+    saved: dict[str, object], config: TrainConfig, dims: ParallelDims, position: DataPosition
+) -> DataPosition:
+    same = saved.get("dp_world_size") == dims.dp_world_size and saved.get("batch_size") == config.batch_size
+    if not same:
+        logger.warning(
+            "resuming the data order from the same epoch and sample offset, but not sample-exact: the checkpoint "
+            f"was written with dp_world_size={saved.get('dp_world_size')} batch_size={saved.get('batch_size')}, "
+            f"this run has dp_world_size={dims.dp_world_size} batch_size={config.batch_size}, so each worker's "
+            "micro-batches differ from the uninterrupted run"
+        )
+    return position
