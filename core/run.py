@@ -165,7 +165,12 @@ def _train(config: TrainConfig, config_path: str | None, ctx: DistContext) -> Tr
     sampler = ResumableBatchSampler(
         len(dataset), config.batch_size, dims.dp_world_size, dp_rank, config.seed, start=position
     )
-    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=config.num_workers)
+    # A private generator: creating the iterator must not draw from the global RNG, or a
+    # resumed run's dropout would drift from the uninterrupted run's.
+    loader = DataLoader(
+        dataset, batch_sampler=sampler, num_workers=config.num_workers,
+        generator=torch.Generator().manual_seed(config.seed),
+    )
     if ctx.is_main:
         plan.output_dir.mkdir(parents=True, exist_ok=True)
         for line in format_banner(run, len(dataset), start_step):
