@@ -14,7 +14,6 @@ import click
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("lerobot_kit.cli.train", "Train a policy (one process, torchrun or accelerate launch)."),
-    "plan": ("lerobot_kit.cli.plan", "Print the sharding plan and per-rank memory for a world size, without training."),
     "convert-dcp": ("lerobot_kit.cli.convert_dcp", "Merge DCP weight shards into model.safetensors, offline."),
     "inspect-checkpoint": ("lerobot_kit.cli.inspect_checkpoint", "Show and validate what a checkpoint holds."),
     "plugins": ("lerobot_kit.cli.plugins", "List installed plugins and what each registered."),
@@ -45,7 +44,8 @@ def cli() -> None:
 
 def _alias(name: str) -> Any:
     def entry() -> None:
-        cli.main(args=[name, *sys.argv[1:]], prog_name=f"lerobot-{name}")
+        command = importlib.import_module(SUBCOMMANDS[name][0]).command
+        command.main(args=sys.argv[1:], prog_name=f"lerobot-{name}")
 
     return entry
 

@@ -9,6 +9,7 @@ the main process logs them (S2.6).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -117,6 +118,7 @@ class Trainer:
                 if run.ctx.is_main:
                     progress.clear()
                     self._log(means, progress)
+                    self._append_metrics(means)
                 window, window_steps, window_start = {}, 0, time.perf_counter()
             progress.update(self.step)
             if config.save_checkpoint and (self.step % config.save_freq == 0 or self.step == config.steps):
@@ -125,6 +127,13 @@ class Trainer:
         progress.clear()
         result.steps_done = self.step
         return result
+
+    def _append_metrics(self, means: dict[str, float]) -> None:
+        """``logs/metrics.jsonl``: the logged metrics, one JSON object per log step, for scripts."""
+        path = self.run.output_dir / "logs" / "metrics.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as handle:
+            handle.write(json.dumps(means) + "\n")
 
     def _log(self, means: dict[str, float], progress: Progress) -> None:
         parts = [f"step {int(means['step'])}/{self.run.config.steps}", f"loss {means['loss']:.4f}"]

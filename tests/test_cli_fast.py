@@ -1,0 +1,42 @@
+"""The CLI's light paths never import torch, so they stay fast in shells and CI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import run_cli
+
+NO_TORCH = """
+import sys
+from lerobot_kit.cli.main import cli
+try:
+    cli({args!r}, standalone_mode=False)
+except SystemExit:
+    pass
+assert "torch" not in sys.modules, "torch was imported"
+print("NO-TORCH-OK")
+"""
+
+
+@pytest.mark.parametrize("args", [["--help"], ["train", "--help"], ["plugins"]])
+def test_light_commands_do_not_import_torch(args):
+    result = subprocess.run([sys.executable, "-c", NO_TORCH.format(args=args)], capture_output=True, text=True,
+                            timeout=60)
+    assert "NO-TORCH-OK" in result.stdout, result.stdout + result.stderr
+
+
+def test_hyphenated_aliases_run_the_same_commands():
+    for alias, marker in (("lerobot-train", "--policy.type"), ("lerobot-convert-dcp", "--checkpoint_dir"),
+                          ("lerobot-inspect-checkpoint", "--json")):
+        result = run_cli("--help", command=alias)
+        assert result.returncode == 0, result.stderr
+        assert marker in result.stdout
+
+
+def test_group_help_lists_every_subcommand():
+    result = run_cli("--help")
+    for name in ("train", "convert-dcp", "inspect-checkpoint", "plugins"):
+        assert name in result.stdout
