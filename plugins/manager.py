@@ -24,6 +24,7 @@ DISABLE_ENV = "LEROBOT_DISABLE_PLUGINS"
 BUILTIN_PLUGINS: dict[str, str] = {
     "act": "lerobot_kit.plugins.policies.act",
     "reach": "lerobot_kit.plugins.datasets.reach",
+    "lerobot_dataset": "lerobot_kit.plugins.datasets.lerobot_format",
     "builtin_formats": "lerobot_kit.plugins.formats",
     "builtin_launchers": "lerobot_kit.plugins.launchers",
 }

@@ -1,0 +1,289 @@
+"""Writes small datasets in LeRobot's v3.0 on-disk layout, for tests (no download).
+
+The layout follows LeRobot's own writer: ``meta/info.json`` (schema and path
+templates), ``meta/stats.json``, ``meta/tasks.parquet`` (task text as the pandas index
+column ``task``), ``meta/episodes/chunk-XXX/file-XXX.parquet`` (one row per episode with
+its data/video file and frame range), ``data/chunk-XXX/file-XXX.parquet`` (one row per
+frame, several episodes per file) and ``videos/<key>/chunk-XXX/file-XXX.mp4``.
+
+The data is learnable: a point moves toward a target under a speed-limited
+proportional controller, and the action is a function of the state, so a policy
+trained on it lowers its loss. Cameras render the point and the target as blobs.
+
+Both list encodings of vectors that LeRobot datasets carry in the wild are used:
+``observation.state`` as a fixed-size list, ``action`` as a plain list.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+STATE_KEY = "observation.state"
+ACTION_KEY = "action"
+IMAGE_KEY = "observation.images.top"  # stored as PNG bytes in the data files
+VIDEO_KEY = "observation.images.wrist"  # stored as mp4
+DONE_KEY = "next.done"
+STATE_NAMES = ["x", "y", "target_x", "target_y"]
+ACTION_NAMES = ["vx", "vy"]
+DEFAULT_TASKS = ("reach the red target", "reach the target slowly")
+MAX_SPEED = 0.3
+
+
+@dataclass
+class WrittenDataset:
+    """What was written, frame-major over all episodes in index order, to compare against."""
+
+    root: Path
+    fps: int
+    lengths: list[int]
+    state: np.ndarray
+    action: np.ndarray
+    done: np.ndarray
+    episode_index: np.ndarray
+    task_index: np.ndarray
+    tasks: list[str]
+    cameras: dict[str, np.ndarray] = field(default_factory=dict)  # key -> uint8 [N, 3, H, W]
+
+    def episode_bounds(self) -> list[tuple[int, int]]:
+        ends = np.cumsum(self.lengths)
+        return [(int(e - n), int(e)) for e, n in zip(ends, self.lengths)]
+
+
+def write_lerobot_dataset(
+    root: Path,
+    episodes: list[int],
+    image: bool = False,
+    video: bool = False,
+    *,
+    fps: int = 10,
+    image_size: int = 16,
+    episodes_per_file: int | None = None,
+    chunks_size: int = 1000,
+    tasks: tuple[str, ...] = DEFAULT_TASKS,
+    stats: bool = True,
+    seed: int = 0,
+) -> WrittenDataset:
+    """Write a v3.0 dataset with one episode per entry of ``episodes`` (its length) under ``root``.
+
+    ``episodes_per_file`` packs that many episodes per data/video/episode-metadata file
+    (default: all in one); file ``k`` is ``chunk-{k // chunks_size}/file-{k % chunks_size}``.
+    ``image`` adds a PNG camera (``IMAGE_KEY``), ``video`` an mp4 camera (``VIDEO_KEY``, needs
+    PyAV). ``stats=False`` leaves out ``meta/stats.json``.
+    """
+    root = Path(root)
+    state, action = _rollout(episodes, fps, seed)
+    total = int(sum(episodes))
+    episode_index = np.repeat(np.arange(len(episodes)), episodes)
+    frame_index = np.concatenate([np.arange(n) for n in episodes])
+    done = frame_index == np.repeat(np.asarray(episodes) - 1, episodes)
+    task_index = episode_index % len(tasks)
+    written = WrittenDataset(root, fps, list(episodes), state, action, done, episode_index, task_index, list(tasks))
+    if image:
+        written.cameras[IMAGE_KEY] = _render(state, image_size, background=40)
+    if video:
+        written.cameras[VIDEO_KEY] = _render(state, image_size, background=90)
+
+    per_file = episodes_per_file or len(episodes)
+    groups = [list(range(i, min(i + per_file, len(episodes)))) for i in range(0, len(episodes), per_file)]
+    bounds = written.episode_bounds()
+    episode_rows: list[list[dict]] = []
+    for k, group in enumerate(groups):
+        chunk, file = divmod(k, chunks_size)
+        lo, hi = bounds[group[0]][0], bounds[group[-1]][1]
+        _write_data_file(root / _chunk_file("data", chunk, file, "parquet"), written, lo, hi, frame_index, image)
+        if video:
+            _write_video(root / _chunk_file(f"videos/{VIDEO_KEY}", chunk, file, "mp4"),
+                         written.cameras[VIDEO_KEY][lo:hi], fps)
+        rows = []
+        for e in group:
+            start, end = bounds[e]
+            row = {
+                "episode_index": e,
+                "tasks": [tasks[task_index[start]]],
+                "length": end - start,
+                "data/chunk_index": chunk,
+                "data/file_index": file,
+                "dataset_from_index": start,
+                "dataset_to_index": end,
+                "meta/episodes/chunk_index": chunk,
+                "meta/episodes/file_index": file,
+            }
+            if video:
+                row.update({
+                    f"videos/{VIDEO_KEY}/chunk_index": chunk,
+                    f"videos/{VIDEO_KEY}/file_index": file,
+                    f"videos/{VIDEO_KEY}/from_timestamp": (start - lo) / fps,
+                    f"videos/{VIDEO_KEY}/to_timestamp": (end - lo) / fps,
+                })
+            row[f"stats/{ACTION_KEY}/mean"] = action[start:end].mean(0).tolist()
+            rows.append(row)
+        _write_table(root / _chunk_file("meta/episodes", chunk, file, "parquet"), pa.Table.from_pylist(rows))
+        episode_rows.append(rows)
+
+    _write_table(root / "meta/tasks.parquet",
+                 pa.table({"task_index": pa.array(range(len(tasks)), pa.int64()), "task": list(tasks)}))
+    features = _features(image, video, image_size)
+    info = {
+        "codebase_version": "v3.0",
+        "robot_type": "point2d",
+        "total_episodes": len(episodes),
+        "total_frames": total,
+        "total_tasks": len(tasks),
+        "chunks_size": chunks_size,
+        "data_files_size_in_mb": 100,
+        "video_files_size_in_mb": 500,
+        "fps": fps,
+        "splits": {"train": f"0:{len(episodes)}"},
+        "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+        "video_path": "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4" if video else None,
+        "features": features,
+    }
+    (root / "meta").mkdir(parents=True, exist_ok=True)
+    (root / "meta/info.json").write_text(json.dumps(info, indent=4))
+    if stats:
+        (root / "meta/stats.json").write_text(json.dumps(dataset_stats(written), indent=4))
+    return written
+
+
+def dataset_stats(written: WrittenDataset) -> dict[str, dict[str, list]]:
+    """stats.json content as LeRobot writes it: float features, cameras per channel on [0,1]."""
+    out: dict[str, dict[str, list]] = {}
+    for key, values in ((STATE_KEY, written.state), (ACTION_KEY, written.action),
+                        ("timestamp", np.concatenate([np.arange(n) for n in written.lengths]) / written.fps)):
+        data = np.asarray(values, dtype=np.float64).reshape(len(values), -1)
+        out[key] = _stats(data, axis=0, keep=None)
+    for key, frames in written.cameras.items():
+        out[key] = _stats(frames.astype(np.float64) / 255.0, axis=(0, 2, 3), keep=(frames.shape[1], 1, 1))
+    return out
+
+
+def _stats(data: np.ndarray, axis: int | tuple[int, ...], keep: tuple[int, ...] | None) -> dict[str, list]:
+    def shaped(v: np.ndarray) -> list:
+        return (v.reshape(keep) if keep else v).tolist()
+
+    return {
+        "mean": shaped(data.mean(axis)),
+        "std": shaped(data.std(axis)),
+        "min": shaped(data.min(axis)),
+        "max": shaped(data.max(axis)),
+        "q01": shaped(np.quantile(data, 0.01, axis=axis)),
+        "q99": shaped(np.quantile(data, 0.99, axis=axis)),
+        "count": [int(data.shape[0])],
+    }
+
+
+def hub_snapshot(cache: Path, repo_id: str, commit: str = "a" * 40, ref: str | None = "main") -> Path:
+    """The snapshot folder of ``repo_id`` in a Hugging Face hub cache (``refs/<ref>`` pointing at it)."""
+    repo_dir = Path(cache) / ("datasets--" + repo_id.replace("/", "--"))
+    snapshot = repo_dir / "snapshots" / commit
+    snapshot.mkdir(parents=True, exist_ok=True)
+    if ref is not None:
+        (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
+        (repo_dir / "refs" / ref).write_text(commit)
+    return snapshot
+
+
+def _chunk_file(folder: str, chunk: int, file: int, ext: str) -> str:
+    return f"{folder}/chunk-{chunk:03d}/file-{file:03d}.{ext}"
+
+
+def _features(image: bool, video: bool, size: int) -> dict[str, dict]:
+    camera_names = ["height", "width", "channels"]
+    features: dict[str, dict] = {
+        STATE_KEY: {"dtype": "float32", "shape": [len(STATE_NAMES)], "names": STATE_NAMES},
+        ACTION_KEY: {"dtype": "float32", "shape": [len(ACTION_NAMES)], "names": {"motors": ACTION_NAMES}},
+    }
+    if image:
+        features[IMAGE_KEY] = {"dtype": "image", "shape": [size, size, 3], "names": camera_names}
+    if video:
+        features[VIDEO_KEY] = {
+            "dtype": "video", "shape": [size, size, 3], "names": camera_names,
+            "info": {"video.height": size, "video.width": size, "video.codec": "h264", "video.pix_fmt": "yuv444p"},
+        }
+    features[DONE_KEY] = {"dtype": "bool", "shape": [1], "names": None}
+    features["timestamp"] = {"dtype": "float32", "shape": [1], "names": None}
+    for key in ("frame_index", "episode_index", "index", "task_index"):
+        features[key] = {"dtype": "int64", "shape": [1], "names": None}
+    return features
+
+
+def _write_data_file(path: Path, written: WrittenDataset, lo: int, hi: int, frame_index: np.ndarray,
+                     image: bool) -> None:
+    columns: dict[str, pa.Array] = {
+        STATE_KEY: pa.FixedSizeListArray.from_arrays(pa.array(written.state[lo:hi].ravel()), written.state.shape[1]),
+        ACTION_KEY: pa.array(list(written.action[lo:hi]), pa.list_(pa.float32())),
+    }
+    if image:
+        encoded = [{"bytes": _png(frame), "path": None} for frame in written.cameras[IMAGE_KEY][lo:hi]]
+        columns[IMAGE_KEY] = pa.array(encoded, pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    columns[DONE_KEY] = pa.array(written.done[lo:hi])
+    columns["timestamp"] = pa.array((frame_index[lo:hi] / written.fps).astype(np.float32))
+    columns["frame_index"] = pa.array(frame_index[lo:hi].astype(np.int64))
+    columns["episode_index"] = pa.array(written.episode_index[lo:hi].astype(np.int64))
+    columns["index"] = pa.array(np.arange(lo, hi, dtype=np.int64))
+    columns["task_index"] = pa.array(written.task_index[lo:hi].astype(np.int64))
+    _write_table(path, pa.table(columns))
+
+
+def _write_table(path: Path, table: pa.Table) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+
+
+def _png(frame: np.ndarray) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(frame.transpose(1, 2, 0)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _write_video(path: Path, frames: np.ndarray, fps: int) -> None:
+    """H.264, 4:4:4 at quality 0 (near-lossless), one frame per 1/fps starting at 0."""
+    import av
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height = frames.shape[3], frames.shape[2]
+        stream.pix_fmt = "yuv444p"
+        stream.options = {"crf": "0"}
+        for i, pixels in enumerate(frames):
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(pixels.transpose(1, 2, 0)), format="rgb24")
+            frame.pts = i
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+
+
+def _rollout(lengths: list[int], fps: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    states, actions = [], []
+    for length in lengths:
+        pos, target = rng.uniform(-1, 1, 2), rng.uniform(-0.8, 0.8, 2)
+        for _ in range(length):
+            command = 0.8 * (target - pos)
+            command *= min(1.0, MAX_SPEED / max(float(np.linalg.norm(command)), 1e-12))
+            states.append(np.concatenate([pos, target]))
+            actions.append(command)
+            pos = pos + command * 3.0 / fps
+    return np.asarray(states, dtype=np.float32), np.asarray(actions, dtype=np.float32)
+
+
+def _render(state: np.ndarray, size: int, background: int) -> np.ndarray:
+    """uint8 [N, 3, size, size]: agent blob in red, target blob in green, flat blue background."""
+    axis = np.linspace(-1, 1, size)
+    out = np.empty((len(state), 3, size, size), dtype=np.uint8)
+    for i, (x, y, tx, ty) in enumerate(state):
+        agent = np.exp(-((axis[None, :] - x) ** 2 + (axis[::-1, None] - y) ** 2) / 0.08)
+        target = np.exp(-((axis[None, :] - tx) ** 2 + (axis[::-1, None] - ty) ** 2) / 0.08)
+        out[i, 0] = np.round(255 * agent)
+        out[i, 1] = np.round(255 * target)
+        out[i, 2] = background
+    return out
