@@ -1,0 +1,135 @@
+"""``lerobot inspect-checkpoint PATH``: a thin shell over ``core.checkpoint.inspect``.
+
+Imports no torch, so it runs in a second on a CI box or a laptop without a GPU stack.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from lerobot_kit.core.checkpoint.inspect import CheckpointReport, FileInfo, inspect_checkpoint
+from lerobot_kit.core.errors import CheckpointError
+
+EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
+
+
+@click.command(
+    name="inspect-checkpoint",
+    epilog=(
+        "\b\nExit codes:\n"
+        f"  {EXIT_OK}  the checkpoint is valid\n"
+        f"  {EXIT_PROBLEMS}  problems found: a file is missing, truncated, unreadable or inconsistent,\n"
+        "     or the layout is old or unknown (each problem is one line naming the file)\n"
+        f"  {EXIT_USAGE}  usage error: PATH does not exist or is not a checkpoint"
+    ),
+)
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with \"ok\" and \"problems\") for CI.")
+@click.pass_context
+def command(ctx: click.Context, path: Path, as_json: bool) -> None:
+    """Show what a checkpoint holds and validate it, reading headers and metadata only.
+
+    PATH is a step folder (checkpoints/005000), its pretrained_model/ or training_state/,
+    or a run folder (then checkpoints/last). Nothing from the checkpoint is executed and
+    torch is not imported.
+    """
+    try:
+        report = inspect_checkpoint(path)
+    except CheckpointError as err:
+        if as_json:
+            click.echo(json.dumps({"path": str(path), "ok": False, "problems": [str(err)]}))
+        else:
+            click.echo(f"error: {err}", err=True)
+        ctx.exit(EXIT_USAGE)
+    except Exception as err:  # a checkpoint no check foresaw must still give one line, not a traceback
+        click.echo(f"error: {path}: could not be inspected ({type(err).__name__}: {err}); please report this", err=True)
+        ctx.exit(EXIT_PROBLEMS)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        click.echo(render(report))
+        for problem in report.problems:
+            click.echo(f"error: {problem}", err=True)
+    ctx.exit(EXIT_OK if report.ok else EXIT_PROBLEMS)
+
+
+def render(report: CheckpointReport) -> str:
+    """The human-readable report: header facts, every file's tensors, then the verdicts."""
+    ts = report.training_step or {}
+    lines = [f"checkpoint: {report.path}"]
+    version = "unknown" if report.layout_version is None else str(report.layout_version)
+    made_by = f", written by lerobot-kit {ts['lerobot_kit_version']}" if "lerobot_kit_version" in ts else ""
+    lines.append(f"step: {_or_unknown(report.step)}   layout version: {version}{made_by}")
+    topo = ts.get("topology")
+    if isinstance(topo, dict):
+        lines.append(
+            f"topology: {topo.get('layout', '?')}, world_size={topo.get('world_size', '?')} "
+            f"(dp_replicate={topo.get('dp_replicate', '?')}, dp_shard={topo.get('dp_shard', '?')})"
+        )
+    fmt = f"{ts['checkpoint_format']}: " if "checkpoint_format" in ts else ""
+    lines.append(
+        f"format: {fmt}weights {_or_unknown(report.weights)}, optimizer {_or_unknown(report.optimizer)}   "
+        f"PEFT: {'yes' if report.peft else 'no'}"
+    )
+    if all(k in ts for k in ("batch_size", "dp_world_size", "gradient_accumulation_steps")):
+        lines.append(
+            f"batch: {ts['batch_size']} per worker x {ts['dp_world_size']} workers x "
+            f"{ts['gradient_accumulation_steps']} accumulation, mixed_precision={ts.get('mixed_precision', '?')}"
+        )
+    sampler = ts.get("sampler")
+    if isinstance(sampler, dict):
+        lines.append(
+            f"data position: epoch {sampler.get('epoch', '?')}, offset {sampler.get('offset', '?')}, "
+            f"{sampler.get('samples_seen', '?')} samples seen"
+        )
+    previous_had_tensors = True
+    for info in report.files:
+        if info.tensors is not None or previous_had_tensors:
+            lines.append("")
+        lines.extend(_render_file(info))
+        previous_had_tensors = info.tensors is not None
+    lines.append("")
+    lines.append(f"size on disk: {_size(report.size_on_disk)}")
+    lines.append(f"resumable: {_verdict(report.resumable.ok, report.resumable.why)}")
+    lines.append(f"loadable with --policy.path: {_verdict(report.loadable.ok, report.loadable.why)}")
+    n = len(report.problems)
+    if report.ok:
+        lines.append("valid: no problems found")
+    else:
+        lines.append(f"INVALID: {n} problem{'s' if n > 1 else ''} (listed on stderr)")
+    return "\n".join(lines)
+
+
+def _render_file(info: FileInfo) -> list[str]:
+    head = f"{info.path}{'/' if info.kind == 'dcp' else ''}  ({_size(info.size)})"
+    if info.tensors is None:
+        return [head]
+    lines = [head]
+    width = max((len(t.name) for t in info.tensors), default=0)
+    for t in info.tensors:
+        chunks = "" if t.chunks is None else f"  {t.chunks} chunk{'s' if t.chunks != 1 else ''}"
+        lines.append(f"  {t.name:<{width}}  {t.dtype:<9} {t.shape}{chunks}")
+    params = sum(t.numel for t in info.tensors)
+    data = sum(t.nbytes for t in info.tensors)
+    count = len(info.tensors)
+    lines.append(f"  {count} tensor{'s' if count != 1 else ''}, {params:,} params, {_size(data)}")
+    return lines
+
+
+def _verdict(ok: bool, why: str) -> str:
+    return f"yes ({why})" if ok else f"no ({why})"
+
+
+def _or_unknown(value: object) -> str:
+    return "unknown" if value is None else str(value)
+
+
+def _size(n: int) -> str:
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    value, i = float(n), 0
+    while value >= 1024 and i < len(units) - 1:
+        value, i = value / 1024, i + 1
+    return f"{n} B" if i == 0 else f"{value:.1f} {units[i]}"
