@@ -118,7 +118,7 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel], prefix
     lines = []
     for err in exc.errors():
         loc = tuple(err["loc"])
-        path = prefix + ".".join(str(p) for p in loc)
+        path = (prefix + ".".join(str(p) for p in loc)).rstrip(".") or "config"
         if err["type"] == "extra_forbidden":
             siblings = _field_names(model, loc[:-1])
             hint = difflib.get_close_matches(str(loc[-1]), siblings, n=1)

@@ -5,7 +5,8 @@ Torch-free: ``inspect-checkpoint`` and ``convert-dcp`` import this without torch
 ```
 checkpoints/NNNNNN/pretrained_model/{config.json, train_config.json, model.safetensors,
                                      pytorch_model_fsdp_0/, adapter_model.safetensors,
-                                     adapter_config.json, policy_{pre,post}processor*.{json,safetensors}}
+                                     adapter_config.json, dataset_meta.json,
+                                     policy_{pre,post}processor*.{json,safetensors}}
 checkpoints/NNNNNN/training_state/{optimizer_param_groups.json, optimizer_state.safetensors,
                                    optimizer_0/, rng_state.safetensors, scheduler_state.json,
                                    scaler_state.json, training_step.json}
@@ -37,6 +38,7 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 PREPROCESSOR = "policy_preprocessor"
 POSTPROCESSOR = "policy_postprocessor"
+DATASET_META = "dataset_meta.json"
 
 OPTIMIZER_PARAM_GROUPS = "optimizer_param_groups.json"
 OPTIMIZER_STATE = "optimizer_state.safetensors"

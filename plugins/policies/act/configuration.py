@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from lerobot_kit.core.config import PolicyConfig
 
@@ -33,6 +33,15 @@ class ACTConfig(PolicyConfig):
         "conv", description="Image encoder: the small built-in conv net, or torchvision's resnet18 if installed."
     )
     normalization: Literal["mean_std", "min_max"] = Field("mean_std", description="State/action normalisation.")
+
+    @model_validator(mode="after")
+    def _check_shapes(self) -> ACTConfig:
+        # Caught here, at flag-parsing time, instead of after process groups are up.
+        if self.n_action_steps > self.chunk_size:
+            raise ValueError(f"n_action_steps={self.n_action_steps} exceeds chunk_size={self.chunk_size}")
+        if self.dim_model % self.n_heads:
+            raise ValueError(f"dim_model={self.dim_model} is not divisible by n_heads={self.n_heads}")
+        return self
 
     def delta_indices(self) -> dict[str, list[int]]:
         return {"action": list(range(self.chunk_size))}

@@ -1,0 +1,355 @@
+"""ACT: the action-chunking transformer of Zhao et al. 2023 ("Learning Fine-Grained
+Bimanual Manipulation with Low-Cost Hardware"), as LeRobot ships it, written here from
+the paper's description.
+
+Training: a CVAE encoder reads [CLS, state, action chunk] and yields a latent "style"
+variable; the main encoder reads [latent, state, image feature-map tokens]; a decoder of
+``chunk_size`` learned queries cross-attends to it and a linear head emits the chunk.
+Loss = masked L1 + kl_weight * KL. Inference: latent = 0 (the prior's mean), and the
+chunk is executed ``n_action_steps`` at a time from a queue.
+
+FSDP2: the wrap units are ``ACTEncoderLayer`` and ``ACTDecoderLayer``. No parameter is
+shared between them, every layer is entered through ``__call__`` (so FSDP's hooks
+gather its shard), and positional tables are computed in ``forward`` rather than held
+as buffers, so a meta-device build needs only ``to_empty`` + ``init_weights``.
+Attention uses separate q/k/v/out ``nn.Linear`` projections so LoRA can target them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lerobot_kit.core.dataset import ACTION_KEY, STATE_KEY, DatasetMeta, pad_key
+from lerobot_kit.core.errors import ConfigError
+from lerobot_kit.core.policy import Policy
+from lerobot_kit.plugins.policies.act.configuration import ACTConfig
+
+ACTION_PAD_KEY = pad_key(ACTION_KEY)
+
+
+def _sincos(positions: Tensor, dim: int) -> Tensor:
+    """[n] -> [n, dim]: interleaved sin/cos of the positions at geometric frequencies (Vaswani et al.)."""
+    freq = torch.exp(
+        torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) * (-math.log(10000.0) / dim)
+    )
+    angles = positions.float()[:, None] * freq
+    return torch.stack([angles.sin(), angles.cos()], dim=2).flatten(1)[:, :dim]
+
+
+def sinusoid_1d(length: int, dim: int, device: torch.device) -> Tensor:
+    """Fixed table [length, dim] for the CVAE encoder's token positions."""
+    return _sincos(torch.arange(length, device=device), dim)
+
+
+def sinusoid_2d(height: int, width: int, dim: int, device: torch.device) -> Tensor:
+    """Table [height*width, dim] of a feature map (row-major): half the channels encode y, half x.
+
+    Uses raw cell indices (DETR's un-normalised variant), which keeps the cells of the
+    small feature maps of low-resolution cameras clearly apart.
+    """
+    half = dim // 2
+    y = _sincos(torch.arange(height, device=device), half)
+    x = _sincos(torch.arange(width, device=device), dim - half)
+    grid = torch.cat([y[:, None].expand(height, width, half), x[None, :].expand(height, width, dim - half)], dim=2)
+    return grid.reshape(height * width, dim)
+
+
+class ACTAttention(nn.Module):
+    """Multi-head attention (batch-first) with LoRA-targetable q/k/v/out projections."""
+
+    def __init__(self, dim: int, n_heads: int, dropout: float) -> None:
+        super().__init__()
+        if dim % n_heads:
+            raise ConfigError(f"policy.dim_model={dim} must be divisible by policy.n_heads={n_heads}")
+        self.n_heads = n_heads
+        self.dropout = dropout
+        self.q_proj = nn.Linear(dim, dim)
+        self.k_proj = nn.Linear(dim, dim)
+        self.v_proj = nn.Linear(dim, dim)
+        self.out_proj = nn.Linear(dim, dim)
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        batch, q_len, dim = query.shape
+
+        def heads(x: Tensor) -> Tensor:
+            return x.view(batch, -1, self.n_heads, dim // self.n_heads).transpose(1, 2)
+
+        q, k, v = heads(self.q_proj(query)), heads(self.k_proj(key)), heads(self.v_proj(value))
+        attend = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
+        # SDPA needs one dtype; under autocast the projections agree, a float32 input would not.
+        k, v = k.to(q.dtype), v.to(q.dtype)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attend, dropout_p=self.dropout if self.training else 0.0
+        )
+        return self.out_proj(out.transpose(1, 2).reshape(batch, q_len, dim))
+
+
+class _FeedForward(nn.Module):
+    def __init__(self, config: ACTConfig) -> None:
+        super().__init__()
+        self.linear1 = nn.Linear(config.dim_model, config.dim_feedforward)
+        self.linear2 = nn.Linear(config.dim_feedforward, config.dim_model)
+        self.dropout = nn.Dropout(config.dropout)
+        self.activation = nn.ReLU() if config.feedforward_activation == "relu" else nn.GELU()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))
+
+
+class ACTEncoderLayer(nn.Module):
+    """Self-attention + feed-forward; positions are added to queries and keys (DETR style)."""
+
+    def __init__(self, config: ACTConfig) -> None:
+        super().__init__()
+        self.pre_norm = config.pre_norm
+        self.self_attn = ACTAttention(config.dim_model, config.n_heads, config.dropout)
+        self.ffn = _FeedForward(config)
+        self.norm1 = nn.LayerNorm(config.dim_model)
+        self.norm2 = nn.LayerNorm(config.dim_model)
+        self.dropout1 = nn.Dropout(config.dropout)
+        self.dropout2 = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, pos: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        h = self.norm1(x) if self.pre_norm else x
+        x = x + self.dropout1(self.self_attn(h + pos, h + pos, h, key_padding_mask))
+        if not self.pre_norm:
+            x = self.norm1(x)
+        h = self.norm2(x) if self.pre_norm else x
+        x = x + self.dropout2(self.ffn(h))
+        return x if self.pre_norm else self.norm2(x)
+
+
+class ACTDecoderLayer(nn.Module):
+    """Self-attention over the queries, cross-attention to the encoder memory, feed-forward."""
+
+    def __init__(self, config: ACTConfig) -> None:
+        super().__init__()
+        self.pre_norm = config.pre_norm
+        self.self_attn = ACTAttention(config.dim_model, config.n_heads, config.dropout)
+        self.cross_attn = ACTAttention(config.dim_model, config.n_heads, config.dropout)
+        self.ffn = _FeedForward(config)
+        self.norm1 = nn.LayerNorm(config.dim_model)
+        self.norm2 = nn.LayerNorm(config.dim_model)
+        self.norm3 = nn.LayerNorm(config.dim_model)
+        self.dropout1 = nn.Dropout(config.dropout)
+        self.dropout2 = nn.Dropout(config.dropout)
+        self.dropout3 = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, memory: Tensor, query_pos: Tensor, memory_pos: Tensor) -> Tensor:
+        h = self.norm1(x) if self.pre_norm else x
+        x = x + self.dropout1(self.self_attn(h + query_pos, h + query_pos, h))
+        if not self.pre_norm:
+            x = self.norm1(x)
+        h = self.norm2(x) if self.pre_norm else x
+        x = x + self.dropout2(self.cross_attn(h + query_pos, memory + memory_pos, memory))
+        if not self.pre_norm:
+            x = self.norm2(x)
+        h = self.norm3(x) if self.pre_norm else x
+        x = x + self.dropout3(self.ffn(h))
+        return x if self.pre_norm else self.norm3(x)
+
+
+class ACTEncoder(nn.Module):
+    def __init__(self, config: ACTConfig, num_layers: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(ACTEncoderLayer(config) for _ in range(num_layers))
+        self.norm = nn.LayerNorm(config.dim_model) if config.pre_norm else nn.Identity()
+
+    def forward(self, x: Tensor, pos: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        for layer in self.layers:
+            x = layer(x, pos, key_padding_mask)
+        return self.norm(x)
+
+
+class ACTDecoder(nn.Module):
+    def __init__(self, config: ACTConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(ACTDecoderLayer(config) for _ in range(config.n_decoder_layers))
+        self.norm = nn.LayerNorm(config.dim_model)
+
+    def forward(self, x: Tensor, memory: Tensor, query_pos: Tensor, memory_pos: Tensor) -> Tensor:
+        for layer in self.layers:
+            x = layer(x, memory, query_pos, memory_pos)
+        return self.norm(x)
+
+
+class ConvBackbone(nn.Module):
+    """A small stride-8 conv net: [B,3,H,W] -> [B,128,H/8,W/8]. GroupNorm, so no running-stat buffers."""
+
+    out_channels = 128
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(3, 32, 5, stride=2, padding=2),
+            nn.GroupNorm(8, 32),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 3, stride=2, padding=1),
+            nn.GroupNorm(8, 64),
+            nn.ReLU(),
+            nn.Conv2d(64, self.out_channels, 3, stride=2, padding=1),
+            nn.GroupNorm(8, self.out_channels),
+            nn.ReLU(),
+        )
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.net(images)
+
+
+def _make_backbone(name: str) -> tuple[nn.Module, int]:
+    if name == "conv":
+        return ConvBackbone(), ConvBackbone.out_channels
+    try:
+        import torchvision
+    except ImportError:
+        raise ConfigError(
+            "policy.vision_backbone=resnet18 needs torchvision: pip install torchvision "
+            "(or the lerobot-kit[vision] extra), or use --policy.vision_backbone=conv"
+        ) from None
+    # Randomly initialised (no weight download); everything up to the last residual stage.
+    resnet = torchvision.models.resnet18(weights=None)
+    return nn.Sequential(*list(resnet.children())[:-2]), 512
+
+
+class ACTPolicy(Policy):
+    config_class = ACTConfig
+    _fsdp_wrap_modules = ["ACTEncoderLayer", "ACTDecoderLayer"]
+    default_peft_targets = ["q_proj", "k_proj", "v_proj", "out_proj", "linear1", "linear2"]
+    config: ACTConfig
+
+    def __init__(self, config: ACTConfig, meta: DatasetMeta) -> None:
+        entry_rng = torch.get_rng_state()
+        super().__init__(config, meta)
+        if ACTION_KEY not in meta.features:
+            raise ConfigError(f"ACT needs an {ACTION_KEY!r} feature; the dataset has {sorted(meta.features)}")
+        self.image_keys = meta.image_keys()
+        self.state_dim = meta.features[STATE_KEY].shape[0] if STATE_KEY in meta.features else 0
+        if not self.state_dim and not self.image_keys:
+            raise ConfigError(f"ACT needs {STATE_KEY!r} or an image feature; the dataset has {sorted(meta.features)}")
+        if config.n_action_steps > config.chunk_size:
+            raise ConfigError(
+                f"policy.n_action_steps={config.n_action_steps} exceeds policy.chunk_size={config.chunk_size}"
+            )
+        self.action_dim = meta.features[ACTION_KEY].shape[0]
+        dim = config.dim_model
+        if config.use_vae:
+            self.vae_cls_embed = nn.Embedding(1, dim)
+            self.vae_state_proj = nn.Linear(self.state_dim, dim) if self.state_dim else None
+            self.vae_action_proj = nn.Linear(self.action_dim, dim)
+            self.vae_encoder = ACTEncoder(config, config.n_vae_encoder_layers)
+            self.vae_latent_head = nn.Linear(dim, 2 * config.latent_dim)
+        self.latent_proj = nn.Linear(config.latent_dim, dim)
+        self.state_proj = nn.Linear(self.state_dim, dim) if self.state_dim else None
+        if self.image_keys:
+            self.backbone, channels = _make_backbone(config.vision_backbone)
+            self.image_proj = nn.Conv2d(channels, dim, kernel_size=1)
+        # Learned positions of the non-image encoder tokens: [latent, state?].
+        self.encoder_1d_pos = nn.Embedding(1 + bool(self.state_dim), dim)
+        self.encoder = ACTEncoder(config, config.n_encoder_layers)
+        self.decoder = ACTDecoder(config)
+        self.query_pos = nn.Embedding(config.chunk_size, dim)
+        self.action_head = nn.Linear(dim, self.action_dim)
+        self._action_queue: deque[Tensor] = deque(maxlen=config.n_action_steps)
+        self._init_from_entry_rng(entry_rng)
+
+    def init_weights(self) -> None:
+        """Default init, then Xavier-uniform on the transformer matrices (as in ACT/DETR)."""
+        super().init_weights()
+        for stack in (self.encoder, self.decoder, getattr(self, "vae_encoder", None)):
+            if stack is None:
+                continue
+            for param in stack.parameters():
+                if param.dim() > 1:
+                    nn.init.xavier_uniform_(param)
+
+    def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        actions_hat, (mu, log_sigma_x2) = self._predict(batch)
+        target = batch[ACTION_KEY].float()
+        error = (actions_hat.float() - target).abs()
+        if ACTION_PAD_KEY in batch:
+            valid = (~batch[ACTION_PAD_KEY]).unsqueeze(-1).to(error.dtype)
+            l1 = (error * valid).sum() / (valid.sum() * self.action_dim).clamp_min(1.0)
+        else:
+            l1 = error.mean()
+        if mu is None:
+            kld = torch.zeros((), device=l1.device)
+            loss = l1
+        else:
+            mu, log_sigma_x2 = mu.float(), log_sigma_x2.float()
+            kld = (-0.5 * (1 + log_sigma_x2 - mu.pow(2) - log_sigma_x2.exp())).sum(-1).mean()
+            loss = l1 + self.config.kl_weight * kld
+        return loss, {"l1_loss": l1.detach(), "kld_loss": kld.detach()}
+
+    @torch.no_grad()
+    def predict_action_chunk(self, batch: dict[str, Tensor]) -> Tensor:
+        """The full normalised chunk [B, chunk_size, action_dim] (eval mode, latent = 0)."""
+        self.eval()
+        return self._predict(batch)[0]
+
+    @torch.no_grad()
+    def select_action(self, batch: dict[str, Tensor]) -> Tensor:
+        """Pop the next action; predict a new chunk only when the queue of n_action_steps is empty."""
+        if not self._action_queue:
+            chunk = self.predict_action_chunk(batch)[:, : self.config.n_action_steps]
+            self._action_queue.extend(chunk.transpose(0, 1))
+        return self._action_queue.popleft()
+
+    def reset(self) -> None:
+        self._action_queue.clear()
+
+    def _predict(self, batch: dict[str, Tensor]) -> tuple[Tensor, tuple[Tensor | None, Tensor | None]]:
+        state = batch[STATE_KEY] if self.state_dim else None
+        reference = state if state is not None else batch[self.image_keys[0]]
+        batch_size, device = reference.shape[0], reference.device
+        dim = self.config.dim_model
+
+        mu = log_sigma_x2 = None
+        if self.config.use_vae and self.training:
+            if ACTION_KEY not in batch:
+                raise ValueError("ACT in training mode with use_vae needs 'action' in the batch (call .eval() to infer)")
+            mu, log_sigma_x2 = self._encode_style(batch, state)
+            latent = mu + (0.5 * log_sigma_x2).exp() * torch.randn_like(mu)
+        else:
+            latent = torch.zeros(batch_size, self.config.latent_dim, device=device, dtype=reference.dtype)
+
+        tokens = [self.latent_proj(latent)[:, None]]
+        if self.state_proj is not None:
+            tokens.append(self.state_proj(state)[:, None])
+        positions = [self.encoder_1d_pos.weight[None].expand(batch_size, -1, -1)]
+        for key in self.image_keys:
+            features = self.image_proj(self.backbone(batch[key]))  # [B, dim, h, w]
+            height, width = features.shape[-2:]
+            tokens.append(features.flatten(2).transpose(1, 2))
+            positions.append(sinusoid_2d(height, width, dim, device)[None].expand(batch_size, -1, -1))
+        encoder_in = torch.cat([t.to(tokens[0].dtype) for t in tokens], dim=1)
+        memory_pos = torch.cat([p.to(encoder_in.dtype) for p in positions], dim=1)
+        memory = self.encoder(encoder_in, memory_pos)
+
+        queries = torch.zeros(batch_size, self.config.chunk_size, dim, device=device, dtype=memory.dtype)
+        query_pos = self.query_pos.weight[None].expand(batch_size, -1, -1).to(memory.dtype)
+        decoded = self.decoder(queries, memory, query_pos, memory_pos.to(memory.dtype))
+        return self.action_head(decoded), (mu, log_sigma_x2)
+
+    def _encode_style(self, batch: dict[str, Tensor], state: Tensor | None) -> tuple[Tensor, Tensor]:
+        """CVAE posterior q(z | state, action chunk): the [CLS] output -> (mu, log sigma^2)."""
+        actions = batch[ACTION_KEY]
+        batch_size = actions.shape[0]
+        tokens = [self.vae_cls_embed.weight[None].expand(batch_size, -1, -1)]
+        if self.vae_state_proj is not None:
+            tokens.append(self.vae_state_proj(state)[:, None])
+        tokens.append(self.vae_action_proj(actions))
+        x = torch.cat([t.to(tokens[-1].dtype) for t in tokens], dim=1)
+        prefix = x.shape[1] - actions.shape[1]
+        pad = batch.get(ACTION_PAD_KEY)
+        if pad is None:
+            pad = torch.zeros(actions.shape[:2], dtype=torch.bool, device=actions.device)
+        key_padding_mask = torch.cat([torch.zeros(batch_size, prefix, dtype=torch.bool, device=pad.device), pad], 1)
+        pos = sinusoid_1d(x.shape[1], self.config.dim_model, x.device).to(x.dtype)[None]
+        cls_out = self.vae_encoder(x, pos.expand(batch_size, -1, -1), key_padding_mask)[:, 0]
+        stats = self.vae_latent_head(cls_out)
+        return stats[:, : self.config.latent_dim], stats[:, self.config.latent_dim :]
