@@ -27,6 +27,13 @@ def local_numel(tensor: object) -> int:
     return local().numel() if callable(local) else tensor.numel()  # type: ignore[attr-defined]
 
 
+def unit_class_name(module: object) -> str:
+    """The policy's own class name, not FSDP2's generated ``FSDP<Name>`` subclass."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return next(c.__name__ for c in type(module).__mro__ if not issubclass(c, FSDPModule))
+
+
 def format_banner(run: "RunComponents", dataset_len: int, start_step: int) -> list[str]:
     config, dims, ctx = run.config, run.dims, run.ctx
     accumulation = config.accelerator.gradient_accumulation.steps
@@ -36,7 +43,7 @@ def format_banner(run: "RunComponents", dataset_len: int, start_step: int) -> li
     trainable = sum(p.numel() for p in params if p.requires_grad)
     per_rank = sum(local_numel(p) for p in params)
     units = run.parallel.wrap_units
-    classes = sorted({type(run.parallel.model.get_submodule(path)).__name__ for path in units})
+    classes = sorted({unit_class_name(run.parallel.model.get_submodule(path)) for path in units})
     unit_text = f"{len(units)} from {run.parallel.wrap_source} ({', '.join(classes)})" if units else "none (not sharded)"
     lines = [
         f"lerobot-kit {package_version()} | layout {dims.layout} | world {ctx.world_size} "
