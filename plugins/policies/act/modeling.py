@@ -272,10 +272,11 @@ class ACTPolicy(Policy):
         target = batch[ACTION_KEY].float()
         error = (actions_hat.float() - target).abs()
         if ACTION_PAD_KEY in batch:
-            valid = (~batch[ACTION_PAD_KEY]).unsqueeze(-1).to(error.dtype)
-            l1 = (error * valid).sum() / (valid.sum() * self.action_dim).clamp_min(1.0)
-        else:
-            l1 = error.mean()
+            # Padded entries count as zero error and the mean is over every entry (as LeRobot
+            # does): a per-sample mean, so data-parallel workers averaging their losses equal
+            # one process on the whole batch, whatever the padding on each worker.
+            error = error * (~batch[ACTION_PAD_KEY]).unsqueeze(-1).to(error.dtype)
+        l1 = error.mean()
         if mu is None:
             kld = torch.zeros((), device=l1.device)
             loss = l1
