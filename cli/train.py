@@ -7,6 +7,7 @@ import sys
 import click
 
 from lerobot_kit.cli.errors import user_errors
+from lerobot_kit.core.errors import LerobotError
 
 
 def _selected_type(args: list[str], section: str, default: str) -> str:
@@ -37,7 +38,28 @@ def run_train(args: list[str]) -> None:
         config = parse_train_config(args)
         from lerobot_kit.core.run import train
 
-        train(config, config_path)
+        try:
+            train(config, config_path)
+        except Exception as exc:
+            if _collective_failure(exc):
+                raise LerobotError(
+                    f"a collective operation failed, so another process died or hung ({_first_line(exc)}); "
+                    "see the first failing rank's log above. --parallelism.timeout_s bounds the wait"
+                ) from exc
+            raise
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else type(exc).__name__
+
+
+def _collective_failure(exc: BaseException) -> bool:
+    """Errors a rank sees when a peer is gone: torch's DistError family or gloo/NCCL transport errors."""
+    import torch.distributed as dist
+
+    text = str(exc)
+    return isinstance(exc, dist.DistError) or any(marker in text for marker in ("gloo", "NCCL", "Connection closed"))
 
 
 @click.command(

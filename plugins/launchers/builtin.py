@@ -1,0 +1,224 @@
+"""Launchers: how a training process learns its rank, world size and rendezvous point.
+
+A launcher is whatever started the process (``torchrun``, ``accelerate launch``,
+SLURM's ``srun``, a user typing ``lerobot train``). Each leaves a different environment
+behind; a launcher class recognises one and translates it into a ``LaunchEnv``. The
+process group is then created the same way for all of them (``env://`` rendezvous), so
+nothing after start-up knows or cares which launcher ran.
+
+Writing a launcher plugin (register it with the ``lerobot_register_launchers`` hook)::
+
+    class MpiLauncher(Launcher):
+        name = "mpi"
+        priority = 40          # lower is tried first; built-ins use 10..30 and 1000
+
+        @classmethod
+        def detect(cls, env):  # env: Mapping[str, str], normally os.environ
+            return "OMPI_COMM_WORLD_RANK" in env
+
+        @classmethod
+        def read(cls, env):
+            return LaunchEnv(rank=env_int(env, "OMPI_COMM_WORLD_RANK"), ...)
+
+``detect`` must be cheap and side-effect free; ``read`` raises ``ConfigError`` for a
+malformed environment. Launchers are tried in ``(priority, name)`` order and the first
+whose ``detect`` is true wins; ``single`` (priority 1000) always matches, so keep custom
+launchers below it. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+from lerobot_kit.core.errors import ConfigError
+
+DEFAULT_MASTER_PORT = 29500
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """What a launcher tells us. ``master_*`` are ``None`` for a one-process run."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    master_addr: str | None
+    master_port: int | None
+    cpu: bool = False  # the launcher asked for CPU even when CUDA is present (accelerate launch --cpu)
+
+
+class Launcher:
+    """Base of launcher plugins; see the module docstring for the contract."""
+
+    name: ClassVar[str]
+    priority: ClassVar[int]
+
+    @classmethod
+    def detect(cls, env: Mapping[str, str]) -> bool:
+        raise NotImplementedError
+
+    @classmethod
+    def read(cls, env: Mapping[str, str]) -> LaunchEnv:
+        raise NotImplementedError
+
+
+def env_int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
+    """An integer environment variable, or a ConfigError naming it."""
+    raw = env.get(key)
+    if raw is None:
+        if default is None:
+            raise ConfigError(f"environment variable {key} is not set; the launcher should have set it")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"environment variable {key}={raw!r} is not an integer") from None
+
+
+def _validated(launch: LaunchEnv, source: str) -> LaunchEnv:
+    if launch.world_size < 1 or not 0 <= launch.rank < launch.world_size or launch.local_rank < 0:
+        raise ConfigError(
+            f"{source} reported rank {launch.rank}, local rank {launch.local_rank} and world size "
+            f"{launch.world_size}, which is inconsistent: check the launcher's environment"
+        )
+    return launch
+
+
+def _torch_style(env: Mapping[str, str], source: str, cpu: bool = False) -> LaunchEnv:
+    """RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, as torchrun (and Accelerate) set them."""
+    return _validated(
+        LaunchEnv(
+            rank=env_int(env, "RANK"),
+            local_rank=env_int(env, "LOCAL_RANK", 0),
+            world_size=env_int(env, "WORLD_SIZE"),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=env_int(env, "MASTER_PORT", DEFAULT_MASTER_PORT),
+            cpu=cpu,
+        ),
+        source,
+    )
+
+
+class AccelerateLauncher(Launcher):
+    """``accelerate launch``: it runs torch's elastic agent underneath, so its children
+    carry torchrun's variables too; it is tried first to report the right launcher and to
+    honour ``--cpu``. A one-process ``accelerate launch`` sets no RANK: world size 1."""
+
+    name = "accelerate"
+    priority = 10
+
+    @classmethod
+    def detect(cls, env: Mapping[str, str]) -> bool:
+        # Every `accelerate launch` code path exports both (plain launches with "no"/"NO").
+        return "ACCELERATE_MIXED_PRECISION" in env and "ACCELERATE_DYNAMO_BACKEND" in env
+
+    @classmethod
+    def read(cls, env: Mapping[str, str]) -> LaunchEnv:
+        cpu = env.get("ACCELERATE_USE_CPU", "").strip().lower() in ("1", "true", "yes")
+        if "RANK" not in env:
+            return LaunchEnv(rank=0, local_rank=0, world_size=1, master_addr=None, master_port=None, cpu=cpu)
+        return _torch_style(env, "accelerate launch", cpu=cpu)
+
+
+class TorchrunLauncher(Launcher):
+    """``torchrun`` / torch elastic, or any launcher that exports torch's env:// variables."""
+
+    name = "torchrun"
+    priority = 20
+    REQUIRED: ClassVar[tuple[str, ...]] = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR")
+
+    @classmethod
+    def detect(cls, env: Mapping[str, str]) -> bool:
+        return "TORCHELASTIC_RUN_ID" in env or all(key in env for key in cls.REQUIRED)
+
+    @classmethod
+    def read(cls, env: Mapping[str, str]) -> LaunchEnv:
+        return _torch_style(env, "torchrun")
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a compressed SLURM hostlist: ``"gpu[03-05,9],cpu1"`` → ``"gpu03"``.
+
+    Only the first entry matters (task 0 runs on the first node of the step), so only the
+    first element of each bracket group is expanded.
+    """
+    depth, end = 0, len(nodelist)
+    for i, char in enumerate(nodelist):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            end = i
+            break
+    first = nodelist[:end].strip()
+    host = re.sub(r"\[([^\]]*)\]", lambda m: re.split(r"[-,]", m.group(1))[0], first)
+    if not host or "[" in host or "]" in host:
+        raise ConfigError(f"cannot read the first host of SLURM node list {nodelist!r}: set MASTER_ADDR instead")
+    return host
+
+
+class SlurmLauncher(Launcher):
+    """One process per task started by ``srun`` (not ``srun torchrun``, which is torchrun's).
+
+    The rendezvous host is ``MASTER_ADDR`` if exported, else the first node of the step;
+    the port is ``MASTER_PORT`` if exported, else derived from the job id so concurrent
+    jobs sharing a node do not collide.
+    """
+
+    name = "slurm"
+    priority = 30
+
+    @classmethod
+    def detect(cls, env: Mapping[str, str]) -> bool:
+        return (
+            "SLURM_STEP_ID" in env
+            and "SLURM_PROCID" in env
+            and "SLURM_NTASKS" in env
+            and "TORCHELASTIC_RUN_ID" not in env
+        )
+
+    @classmethod
+    def read(cls, env: Mapping[str, str]) -> LaunchEnv:
+        world_size = env_int(env, "SLURM_NTASKS")
+        if "MASTER_ADDR" in env:
+            addr = env["MASTER_ADDR"]
+        else:
+            nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+            if not nodelist:
+                raise ConfigError("srun set no SLURM_STEP_NODELIST or SLURM_JOB_NODELIST: export MASTER_ADDR")
+            addr = first_slurm_host(nodelist)
+        port = env_int(env, "MASTER_PORT", 10000 + env_int(env, "SLURM_JOB_ID", 0) % 20000)
+        return _validated(
+            LaunchEnv(
+                rank=env_int(env, "SLURM_PROCID"),
+                local_rank=env_int(env, "SLURM_LOCALID", 0),
+                world_size=world_size,
+                master_addr=addr,
+                master_port=port,
+            ),
+            "srun",
+        )
+
+
+class SingleProcessLauncher(Launcher):
+    """A plain process: rank 0 of 1, no process group. Always matches, so it is last."""
+
+    name = "single"
+    priority = 1000
+
+    @classmethod
+    def detect(cls, env: Mapping[str, str]) -> bool:
+        return True
+
+    @classmethod
+    def read(cls, env: Mapping[str, str]) -> LaunchEnv:
+        # A half-set torch environment would otherwise silently train N independent copies.
+        if env_int(env, "WORLD_SIZE", 1) > 1:
+            missing = [key for key in TorchrunLauncher.REQUIRED if key not in env]
+            raise ConfigError(
+                f"WORLD_SIZE={env['WORLD_SIZE']} is set but {', '.join(missing)} are not: start the run with "
+                "torchrun / accelerate launch / srun, or set every one of RANK, LOCAL_RANK, WORLD_SIZE, "
+                "MASTER_ADDR, MASTER_PORT"
+            )
+        return LaunchEnv(rank=0, local_rank=0, world_size=1, master_addr=None, master_port=None)
