@@ -7,6 +7,7 @@ topology → output folder → data → policy → parallelize → optimizer/sch
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
@@ -22,13 +23,16 @@ from lerobot_kit.core.checkpoint import layout
 from lerobot_kit.core.checkpoint.manager import restore_checkpoint
 from lerobot_kit.core.components import RunComponents
 from lerobot_kit.core.config import TrainConfig
+from lerobot_kit.core.dataset import DatasetMeta
 from lerobot_kit.core.data import DataPosition, ResumableBatchSampler
 from lerobot_kit.core.distributed import DistContext, broadcast_object, init_distributed, shutdown
 from lerobot_kit.core.errors import CheckpointError, ConfigError
 from lerobot_kit.core.optim import build_optimizer, build_scheduler
-from lerobot_kit.core.parallelize import parallelize
+from lerobot_kit.core.parallelize import Parallelized, parallelize
 from lerobot_kit.core.precision import build_grad_scaler
+from lerobot_kit.core.publish import publish_final
 from lerobot_kit.core.topology import ParallelDims
+from lerobot_kit.core.tracking import make_tracker
 from lerobot_kit.core.trainer import Trainer, TrainResult
 
 logger = logging.getLogger("lerobot_kit")
@@ -97,10 +101,14 @@ def train(config: TrainConfig, config_path: str | None = None) -> TrainResult:
     check_accelerate_env(os.environ)
     ctx = init_distributed(config.parallelism.timeout_s)
     setup_logging(ctx.is_main)
-    try:
-        return _train(config, config_path, ctx)
-    finally:
-        shutdown(ctx)
+    # No ``finally``: on an error a peer may be dead, and shutdown's barrier would wait for
+    # it until the collective timeout; exiting non-zero tears the group down instead.
+    result = _train(config, config_path, ctx)
+    shutdown(ctx)
+    # After the process group is gone, so that peers exit instead of timing out in a
+    # collective while the main process uploads.
+    publish_final(config, result.last_checkpoint, ctx)
+    return result
 
 
 def _agreed_plan(config: TrainConfig, config_path: str | None, ctx: DistContext) -> RunPlan:
@@ -119,7 +127,6 @@ def _agreed_plan(config: TrainConfig, config_path: str | None, ctx: DistContext)
 
 
 def _train(config: TrainConfig, config_path: str | None, ctx: DistContext) -> TrainResult:
-    from lerobot_kit.core.policy import load_pretrained_weights, make_policy
     from lerobot_kit.core.processor import make_processors
     from lerobot_kit.plugins.manager import get_registry
 
@@ -135,16 +142,8 @@ def _train(config: TrainConfig, config_path: str | None, ctx: DistContext) -> Tr
     config.resume = plan.resume_from is not None
 
     dataset = get_registry().get("dataset", config.dataset.type).load()(config.dataset, config.policy.delta_indices())
-    torch.manual_seed(config.seed)
-    policy = make_policy(config.policy, dataset.meta)
-    if config.policy.path and plan.resume_from is None:
-        load_pretrained_weights(policy, Path(config.policy.path))
     preprocessor, postprocessor = make_processors(config.policy, dataset.meta)
-    policy.to(ctx.device)
-    mesh = dims.build_mesh(ctx.device.type)
-    parallel = parallelize(
-        policy, dims, mesh, config.accelerator, getattr(type(policy), "_fsdp_wrap_modules", None), ctx.device
-    )
+    parallel = _build_parallel_policy(config, ctx, dims, dataset.meta, from_checkpoint=plan.resume_from is not None)
     params = [p for p in parallel.model.parameters() if p.requires_grad]
     optimizer = build_optimizer(params, config.optimizer)
     scheduler = build_scheduler(optimizer, config.scheduler, config.steps)
@@ -175,16 +174,54 @@ def _train(config: TrainConfig, config_path: str | None, ctx: DistContext) -> Tr
         plan.output_dir.mkdir(parents=True, exist_ok=True)
         for line in format_banner(run, len(dataset), start_step):
             logger.info(line)
+    tracker = make_tracker(config, ctx, plan.output_dir)
     if ctx.distributed:
         dist.barrier()
-    trainer = Trainer(run, iter(loader), sampler, start_step, position)
-    result = trainer.fit()
+    trainer = Trainer(run, iter(loader), sampler, start_step, position, tracker)
+    try:
+        result = trainer.fit()
+    finally:
+        tracker.finish()
     if ctx.is_main and result.logged:
         first, last = result.logged[0]["loss"], result.logged[-1]["loss"]
         logger.info(f"done: {result.steps_done} steps | first logged loss {first:.4f} | last logged loss {last:.4f}")
         if result.last_checkpoint:
             logger.info(f"checkpoint: {result.last_checkpoint}")
     return result
+
+
+def _build_parallel_policy(
+    config: TrainConfig, ctx: DistContext, dims: ParallelDims, meta: DatasetMeta, from_checkpoint: bool
+) -> Parallelized:
+    """The policy in its layout, with the weights a one-process run would start from.
+
+    Sharded runs materialise the full model on the main process only: the others build
+    it on the meta device, and after ``fully_shard`` the main process's weights are
+    broadcast shard by shard. So initial weights equal a one-process run's with the same
+    seed, and no other rank ever holds the whole model. Replicated layouts hold full
+    copies anyway and build them on every rank from the same seed.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    from lerobot_kit.core.policy import load_pretrained_weights, make_policy
+
+    on_meta = dims.sharded and not ctx.is_main
+    torch.manual_seed(config.seed)
+    with torch.device("meta") if on_meta else contextlib.nullcontext():
+        policy = make_policy(config.policy, meta)
+    if config.policy.path and not from_checkpoint and not on_meta:
+        load_pretrained_weights(policy, Path(config.policy.path))
+    full_state = policy.state_dict() if dims.sharded and ctx.is_main else {}
+    mesh = dims.build_mesh(ctx.device.type)
+    declared = getattr(type(policy), "_fsdp_wrap_modules", None)
+    parallel = parallelize(policy, dims, mesh, config.accelerator, declared, ctx.device)
+    if dims.sharded:
+        if on_meta:
+            parallel.to_empty()
+        set_model_state_dict(
+            parallel.model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        )
+    return parallel
 
 
 def _dp_rank(ctx: DistContext, dims: ParallelDims) -> int:

@@ -23,6 +23,7 @@ from lerobot_kit.core.data import DataPosition, ResumableBatchSampler
 from lerobot_kit.core.distributed import all_reduce_mean
 from lerobot_kit.core.precision import autocast_dtype
 from lerobot_kit.core.progress import Progress
+from lerobot_kit.core.tracking import Tracker
 
 logger = logging.getLogger("lerobot_kit")
 
@@ -42,8 +43,10 @@ class Trainer:
         sampler: ResumableBatchSampler,
         start_step: int,
         position: DataPosition,
+        tracker: Tracker,
     ) -> None:
         self.run = run
+        self.tracker = tracker
         self.batches = batches
         self.sampler = sampler
         self.step = start_step
@@ -119,6 +122,7 @@ class Trainer:
                     progress.clear()
                     self._log(means, progress)
                     self._append_metrics(means)
+                    self.tracker.log(means, self.step)
                 window, window_steps, window_start = {}, 0, time.perf_counter()
             progress.update(self.step)
             if config.save_checkpoint and (self.step % config.save_freq == 0 or self.step == config.steps):

@@ -30,3 +30,33 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
 @pytest.fixture
 def cli():
     return run_cli
+
+
+TINY_ACT = ["--policy.dim_model=32", "--policy.dim_feedforward=64", "--policy.n_heads=2",
+            "--policy.n_encoder_layers=2", "--policy.n_vae_encoder_layers=1", "--policy.chunk_size=5",
+            "--policy.n_action_steps=5"]
+# Deterministic across layouts: no dropout, no VAE sampling noise (whose draws differ per rank).
+PARITY_ACT = [*TINY_ACT, "--policy.dropout=0", "--policy.use_vae=false"]
+
+
+def launch_env(workdir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    from _dist_util import clean_env
+
+    return {**clean_env(workdir), "OMP_NUM_THREADS": "1", **(extra or {})}
+
+
+def torchrun_train(nproc: int, *args: str, workdir: Path, env: dict[str, str] | None = None,
+                   timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``torchrun --standalone --nproc-per-node=N $(which lerobot-train) ARGS``, with a watchdog."""
+    command = [script("torchrun"), "--standalone", f"--nproc-per-node={nproc}", script("lerobot-train"), *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=workdir,
+                            env=launch_env(workdir, env))
+    if check:
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return result
+
+
+def read_metrics(output_dir: Path) -> list[dict[str, float]]:
+    import json
+
+    return [json.loads(line) for line in (output_dir / "logs" / "metrics.jsonl").read_text().splitlines()]

@@ -9,18 +9,14 @@ saved with ``torch.distributed.checkpoint``, and the gathered full state dict sa
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import shutil
-import socket
 import struct
 import subprocess
 import sys
 import textwrap
-import threading
 import warnings
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -29,6 +25,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 
 from conftest import BIN, run_cli
+from fake_hub import hub_env, serve_fake_hub, unreachable_endpoint
 from lerobot_kit.core.checkpoint.convert import convert_dcp
 from lerobot_kit.core.checkpoint.layout import (
     ADAPTER_CONFIG,
@@ -350,88 +347,32 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path):
 # ---------------------------------------------------------------- push to the Hub
 
 
-class _FakeHub(BaseHTTPRequestHandler):
-    """Just enough of the Hub's HTTP API for create_repo + upload_folder with small
-    files (uploaded inline in the commit), recording what the client sent."""
-
-    requests: list[tuple[str, str, bytes]] = []
-
-    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self.requests.append(("POST", self.path, body))
-        endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        if self.path == "/api/repos/create":
-            request = json.loads(body)
-            self._reply({"url": f"{endpoint}/{request['organization']}/{request['name']}"})
-        elif "/preupload/" in self.path:
-            files = json.loads(body)["files"]
-            self._reply({"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]})
-        elif "/commit/" in self.path:
-            self._reply({"commitUrl": f"{endpoint}/user/tiny/commit/{'a' * 40}", "commitOid": "a" * 40})
-        else:
-            self._reply({"error": "not here"}, status=404)
-
-    def do_GET(self) -> None:  # noqa: N802
-        self.requests.append(("GET", self.path, b""))
-        self._reply({"error": "not here"}, status=404)
-
-    def _reply(self, payload: dict, status: int = 200) -> None:
-        body = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def fake_hub():
-    _FakeHub.requests = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeHub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", _FakeHub.requests
-    server.shutdown()
-    server.server_close()
-
-
-def _hub_env(tmp_path: Path, endpoint: str) -> dict[str, str]:
-    return {"HF_ENDPOINT": endpoint, "HF_TOKEN": "hf_test_token", "HF_HOME": str(tmp_path / "hf_home"),
-            "HF_HUB_DISABLE_TELEMETRY": "1"}
+    with serve_fake_hub() as hub:
+        yield hub
 
 
 def test_push_uploads_pretrained_model_without_shards(step_dir, tmp_path, fake_hub):
-    endpoint, requests = fake_hub
     pretrained = step_dir / PRETRAINED_DIR
     (pretrained / "stale.tmp").write_text("left by a crashed save")
 
     proc = run_cli("convert-dcp", f"--checkpoint_dir={step_dir}", "--push_to_hub=user/tiny", "--private",
-                   env=_hub_env(tmp_path, endpoint), timeout=120)
+                   env=hub_env(tmp_path, fake_hub.endpoint), timeout=120)
 
     assert proc.returncode == 0, proc.stderr
     assert "pushed" in proc.stdout and "user/tiny" in proc.stdout
-    create = json.loads(next(body for method, path, body in requests if path == "/api/repos/create"))
+    create = fake_hub.created_repo()
     assert create["name"] == "tiny" and create["organization"] == "user" and create["visibility"] == "private"
-    commit = next(body for method, path, body in requests if path == "/api/models/user/tiny/commit/main")
-    uploaded = {
-        line["value"]["path"]: base64.b64decode(line["value"]["content"])
-        for line in map(json.loads, commit.decode().splitlines())
-        if line["key"] == "file"
-    }
+    uploaded = fake_hub.uploaded("user/tiny")
     assert sorted(uploaded) == [POLICY_CONFIG, MODEL_WEIGHTS]  # no shards, no *.tmp
     assert uploaded[MODEL_WEIGHTS] == (pretrained / MODEL_WEIGHTS).read_bytes()
     assert (pretrained / DCP_MODEL_DIR).is_dir()
 
 
 def test_unreachable_hub_fails_after_a_safe_conversion(step_dir, tmp_path):
-    with socket.socket() as probe:  # a port nobody listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     proc = run_cli("convert-dcp", f"--checkpoint_dir={step_dir}", "--push_to_hub=user/tiny", "--delete_dcp=true",
-                   env=_hub_env(tmp_path, f"http://127.0.0.1:{port}"), timeout=120)
+                   env=hub_env(tmp_path, unreachable_endpoint()), timeout=120)
 
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()

@@ -1,0 +1,104 @@
+"""A stand-in for the Hugging Face Hub's HTTP API, for push tests (the network is unreachable).
+
+Point a process at it with ``hub_env(...)`` (``HF_ENDPOINT``); it answers just enough of
+``create_repo`` + ``upload_folder`` with small files (uploaded inline in the commit) and
+records every request, so a test can check what the real ``huggingface_hub`` client sent.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+
+@dataclass
+class FakeHub:
+    endpoint: str
+    requests: list[tuple[str, str, bytes]] = field(default_factory=list)
+
+    def created_repo(self) -> dict:
+        """The body of the (single) create-repo request."""
+        return json.loads(next(body for method, path, body in self.requests if path == "/api/repos/create"))
+
+    def commits(self, repo_id: str) -> list[bytes]:
+        return [body for method, path, body in self.requests if path == f"/api/models/{repo_id}/commit/main"]
+
+    def uploaded(self, repo_id: str) -> dict[str, bytes]:
+        """Path in the repo -> content, of every file the commits to ``repo_id`` carried."""
+        files = {}
+        for commit in self.commits(repo_id):
+            for line in map(json.loads, commit.decode().splitlines()):
+                if line["key"] == "file":
+                    files[line["value"]["path"]] = base64.b64decode(line["value"]["content"])
+        return files
+
+
+def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            hub.requests.append(("POST", self.path, body))
+            if self.path == "/api/repos/create":
+                request = json.loads(body)
+                self._reply({"url": f"{hub.endpoint}/{request['organization']}/{request['name']}"})
+            elif "/preupload/" in self.path:
+                files = json.loads(body)["files"]
+                self._reply({"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
+                                       for f in files]})
+            elif "/commit/" in self.path:
+                repo = self.path.split("/api/models/", 1)[1].split("/commit/", 1)[0]
+                self._reply({"commitUrl": f"{hub.endpoint}/{repo}/commit/{'a' * 40}", "commitOid": "a" * 40})
+            else:
+                self._reply({"error": "not here"}, status=404)
+
+        def do_GET(self) -> None:  # noqa: N802
+            hub.requests.append(("GET", self.path, b""))
+            self._reply({"error": "not here"}, status=404)
+
+        def _reply(self, payload: dict, status: int = 200) -> None:
+            body = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Handler
+
+
+@contextmanager
+def serve_fake_hub() -> Iterator[FakeHub]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    hub = FakeHub(f"http://127.0.0.1:{server.server_address[1]}")
+    server.RequestHandlerClass = _handler(hub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield hub
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def unreachable_endpoint() -> str:
+    """A local URL nobody listens on: connections are refused at once."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def hub_env(tmp_path: Path, endpoint: str) -> dict[str, str]:
+    """Environment of a client process that talks to ``endpoint`` with a dummy write token."""
+    return {"HF_ENDPOINT": endpoint, "HF_TOKEN": "hf_test_token", "HF_HOME": str(tmp_path / "hf_home"),
+            "HF_HUB_DISABLE_TELEMETRY": "1"}

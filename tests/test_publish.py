@@ -1,0 +1,120 @@
+"""End-of-run push of the final ``pretrained_model/`` (SPEC S8.2).
+
+The network is unreachable here, so the remote end is ``fake_hub``: a local HTTP server
+answering as the Hub does, which the real ``huggingface_hub`` client talks to through
+``HF_ENDPOINT``. Training runs are the installed console scripts, as a user runs them.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from _dist_util import clean_env
+from conftest import TINY_ACT, run_cli, torchrun_train
+from fake_hub import hub_env, serve_fake_hub, unreachable_endpoint
+from lerobot_kit.core.checkpoint.layout import DCP_MODEL_DIR, MODEL_WEIGHTS, PRETRAINED_DIR
+from lerobot_kit.core.config import TrainConfig
+from lerobot_kit.core.publish import publish_final
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_fsdp_run_pushes_exactly_the_final_pretrained_model(tmp_path):
+    out = tmp_path / "run"
+    with serve_fake_hub() as hub:
+        proc = torchrun_train(
+            2, f"--output_dir={out}", "--steps=4", "--log_freq=2", "--save_freq=2", *TINY_ACT,
+            "--parallelism.dp_shard=2", "--checkpoint_format=safetensors_dcp",
+            "--policy.repo_id=user/tiny-act", "--policy.private=true",
+            workdir=tmp_path, env=hub_env(tmp_path, hub.endpoint), timeout=180,
+        )
+
+    final = out / "checkpoints" / "000004" / PRETRAINED_DIR
+    on_disk = _files(final)
+    shards = {name for name in on_disk if name.startswith(DCP_MODEL_DIR + "/")}
+    assert shards and MODEL_WEIGHTS in on_disk  # the checkpoint has both, the Hub gets one
+    assert hub.uploaded("user/tiny-act") == {name: data for name, data in on_disk.items() if name not in shards}
+    assert len(hub.commits("user/tiny-act")) == 1  # once, from the main process, of the final step only
+    created = hub.created_repo()
+    assert (created["organization"], created["name"], created["visibility"]) == ("user", "tiny-act", "private")
+    assert "pushed" in proc.stderr and "user/tiny-act" in proc.stderr
+    assert _files(final) == on_disk and (out / "checkpoints" / "000002").is_dir()
+
+
+def test_unreachable_hub_warns_once_and_keeps_the_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli("train", f"--output_dir={out}", "--steps=2", "--log_freq=2", *TINY_ACT, "--policy.repo_id=user/tiny",
+                   env={**clean_env(tmp_path), **hub_env(tmp_path, unreachable_endpoint())})
+
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if "warning:" in line]
+    assert len(warnings) == 1, proc.stderr
+    assert "final model not pushed to the Hub" in warnings[0] and "local files are intact" in warnings[0]
+    pretrained = out / "checkpoints" / "000002" / PRETRAINED_DIR
+    assert f"hf upload user/tiny {pretrained}" in warnings[0]
+    assert load_file(pretrained / MODEL_WEIGHTS)  # complete and readable
+    assert (out / "checkpoints" / "last").resolve() == pretrained.parent
+    inspected = run_cli("inspect-checkpoint", str(pretrained.parent))
+    assert inspected.returncode == 0, inspected.stdout + inspected.stderr
+
+
+# ------------------------------------------------------------------ when not to push, and failures before any upload
+
+
+@pytest.fixture
+def log_lines():
+    """Lines logged to ``lerobot_kit`` (the CLI's setup_logging may have detached it from the root logger)."""
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("lerobot_kit")
+    previous = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield lines
+    logger.removeHandler(handler)
+    logger.setLevel(previous)
+
+
+def _ctx(rank: int):
+    import torch
+
+    from lerobot_kit.core.distributed import DistContext
+
+    return DistContext(rank, rank, 2, torch.device("cpu"), "torchrun", "gloo")
+
+
+@pytest.mark.parametrize(
+    "policy, rank",
+    [({"repo_id": "user/tiny"}, 1), ({"repo_id": "user/tiny", "push_to_hub": False}, 0), ({}, 0)],
+    ids=["other-rank", "push-disabled", "no-repo-id"],
+)
+def test_nothing_is_attempted_unless_asked_on_the_main_process(tmp_path, log_lines, policy, rank):
+    # A missing folder: any attempt to push it would log a warning.
+    publish_final(TrainConfig(policy=policy), tmp_path / "missing", _ctx(rank))
+    assert log_lines == []
+
+
+def test_a_run_without_final_checkpoint_says_nothing_was_pushed(log_lines):
+    publish_final(TrainConfig(policy={"repo_id": "user/tiny"}), None, _ctx(0))
+    assert len(log_lines) == 1 and "--policy.repo_id=user/tiny was not pushed" in log_lines[0]
+
+
+def test_missing_huggingface_hub_is_a_warning_naming_the_extra(tmp_path, log_lines, monkeypatch):
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # as if the [hub] extra were not installed
+    publish_final(TrainConfig(policy={"repo_id": "user/tiny", "private": True}), tmp_path, _ctx(0))
+    assert len(log_lines) == 1
+    assert "pip install 'lerobot-kit[hub]'" in log_lines[0] and log_lines[0].endswith("--private")
+
+
+def test_malformed_repo_id_is_a_warning(tmp_path, log_lines):
+    publish_final(TrainConfig(policy={"repo_id": "no-namespace"}), tmp_path, _ctx(0))
+    assert len(log_lines) == 1 and "expected a repo id of the form user/name" in log_lines[0]
