@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "convert-dcp": ("lerobot_kit.cli.convert_dcp", "Merge DCP weight shards into model.safetensors, offline."),
     "inspect-checkpoint": ("lerobot_kit.cli.inspect_checkpoint", "Show and validate what a checkpoint holds."),
     "plugins": ("lerobot_kit.cli.plugins", "List installed plugins and what each registered."),
+    "plan": ("lerobot_kit.cli.plan", "Print the sharding plan and per-rank memory for a world size, without training."),
 }
 
 

@@ -14,8 +14,15 @@ from lerobot_kit.core.config import OptimizerConfig, SchedulerConfig
 
 
 def build_optimizer(params: list[torch.nn.Parameter], config: OptimizerConfig) -> torch.optim.Optimizer:
+    """AdamW with sharded (DTensor) and plain parameters in separate groups: a foreach
+    step cannot mix the two, and FSDP's ignored modules keep plain parameters."""
+    from torch.distributed.tensor import DTensor
+
+    sharded = [p for p in params if isinstance(p, DTensor)]
+    plain = [p for p in params if not isinstance(p, DTensor)]
+    groups = [{"params": group} for group in (sharded, plain) if group]
     return torch.optim.AdamW(
-        params,
+        groups,
         lr=config.lr,
         betas=tuple(config.betas),
         eps=config.eps,
