@@ -126,7 +126,20 @@ def _agreed_plan(config: TrainConfig, config_path: str | None, ctx: DistContext)
     return outcome
 
 
-def _train(config: TrainConfig, config_path: str | None, ctx: DistContext) -> TrainResult:
+@dataclass
+class PreparedRun:
+    """A run ready for its first step: components built, checkpoint (if any) restored."""
+
+    run: RunComponents
+    loader: DataLoader
+    sampler: ResumableBatchSampler
+    start_step: int
+    position: DataPosition
+    dataset_len: int
+
+
+def prepare_run(config: TrainConfig, config_path: str | None, ctx: DistContext) -> PreparedRun:
+    """Everything before the loop; collective. Also the entry for tools that inspect a run."""
     from lerobot_kit.core.processor import make_processors
     from lerobot_kit.plugins.manager import get_registry
 
@@ -160,9 +173,8 @@ def _train(config: TrainConfig, config_path: str | None, ctx: DistContext) -> Tr
     else:
         # Dropout differs per rank; weights (seeded above) and data order do not depend on it.
         torch.manual_seed(config.seed + ctx.rank)
-    dp_rank = _dp_rank(ctx, dims)
     sampler = ResumableBatchSampler(
-        len(dataset), config.batch_size, dims.dp_world_size, dp_rank, config.seed, start=position
+        len(dataset), config.batch_size, dims.dp_world_size, _dp_rank(ctx, dims), config.seed, start=position
     )
     # A private generator: creating the iterator must not draw from the global RNG, or a
     # resumed run's dropout would drift from the uninterrupted run's.
@@ -170,14 +182,20 @@ def _train(config: TrainConfig, config_path: str | None, ctx: DistContext) -> Tr
         dataset, batch_sampler=sampler, num_workers=config.num_workers,
         generator=torch.Generator().manual_seed(config.seed),
     )
+    return PreparedRun(run, loader, sampler, start_step, position, len(dataset))
+
+
+def _train(config: TrainConfig, config_path: str | None, ctx: DistContext) -> TrainResult:
+    prepared = prepare_run(config, config_path, ctx)
+    run = prepared.run
     if ctx.is_main:
-        plan.output_dir.mkdir(parents=True, exist_ok=True)
-        for line in format_banner(run, len(dataset), start_step):
+        run.output_dir.mkdir(parents=True, exist_ok=True)
+        for line in format_banner(run, prepared.dataset_len, prepared.start_step):
             logger.info(line)
-    tracker = make_tracker(config, ctx, plan.output_dir)
+    tracker = make_tracker(config, ctx, run.output_dir)
     if ctx.distributed:
         dist.barrier()
-    trainer = Trainer(run, iter(loader), sampler, start_step, position, tracker)
+    trainer = Trainer(run, iter(prepared.loader), prepared.sampler, prepared.start_step, prepared.position, tracker)
     try:
         result = trainer.fit()
     finally:
