@@ -223,3 +223,20 @@ def test_unknown_layout_version_is_refused(tmp_path, straight_fsdp2):
     result = run_cli("train", "--resume=true", f"--config_path={config}", "--steps=8", "--parallelism.dp_shard=null")
     assert result.returncode != 0
     assert "layout version 99" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_dcp_only_checkpoint_needs_conversion_before_policy_path(tmp_path, straight_fsdp2):
+    run = tmp_path / "dcp_only"
+    shutil.copytree(straight_fsdp2, run, symlinks=True)
+    step = run / "checkpoints/000006"
+    (step / "pretrained_model/model.safetensors").unlink()
+    result = run_cli("train", f"--output_dir={tmp_path / 'finetune'}", f"--policy.path={step}", *SMALL_DATA,
+                     "--steps=1")
+    assert result.returncode != 0
+    assert f"lerobot convert-dcp --checkpoint_dir={step}" in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    converted = run_cli("convert-dcp", f"--checkpoint_dir={step}")
+    assert converted.returncode == 0, converted.stderr
+    again = run_cli("train", f"--output_dir={tmp_path / 'finetune2'}", f"--policy.path={step}", *SMALL_DATA,
+                    "--steps=1", "--batch_size=4")
+    assert again.returncode == 0, again.stderr[-2000:]
