@@ -23,6 +23,7 @@ DISABLE_ENV = "LEROBOT_DISABLE_PLUGINS"
 
 BUILTIN_PLUGINS: dict[str, str] = {
     "act": "lerobot_kit.plugins.policies.act",
+    "diffusion": "lerobot_kit.plugins.policies.diffusion",
     "reach": "lerobot_kit.plugins.datasets.reach",
     "lerobot_dataset": "lerobot_kit.plugins.datasets.lerobot_format",
     "builtin_formats": "lerobot_kit.plugins.formats",
