@@ -34,6 +34,10 @@ class PolicyConfig(Section):
         """Frame offsets the policy needs per feature, e.g. ``{"action": [0..chunk-1]}``."""
         return {}
 
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict: ``peft`` reads a model's ``config`` through ``to_dict`` (transformers' convention)."""
+        return self.model_dump(mode="json")
+
 
 class DatasetConfig(Section):
     """Fields every dataset has; a dataset plugin subclasses this with its own."""
@@ -136,7 +140,7 @@ class TrainConfig(Section):
     save_checkpoint: bool = Field(True, description="Write checkpoints.")
     save_freq: int = Field(1000, ge=1, description="Checkpoint every N steps (and at the end).")
     checkpoint_format: str = Field(
-        "safetensors", description="Weights format of sharded runs: safetensors | dcp | safetensors_dcp."
+        "safetensors", description="Weights format of sharded runs: safetensors | dcp | safetensors_dcp, or a plugin's."
     )
     parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
     accelerator: AcceleratorConfig = Field(default_factory=AcceleratorConfig)

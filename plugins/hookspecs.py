@@ -53,7 +53,7 @@ def lerobot_register_launchers(register: Callable[..., None]) -> None:
     """Register launchers: ``register(name, launcher_class)``.
 
     ``launcher_class`` (or its ``"module:Class"`` path) implements
-    ``lerobot_kit.core.launch.Launcher``: it recognises its environment and reports
+    ``lerobot_kit.plugins.launchers.builtin.Launcher``: it recognises its environment and reports
     rank, world size and rendezvous address.
     """
 
