@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from conftest import run_cli
+from conftest import launch_env, run_cli
 
 TINY = ["--policy.dim_model=32", "--policy.dim_feedforward=64", "--policy.n_encoder_layers=2",
         "--policy.n_vae_encoder_layers=1", "--policy.chunk_size=5", "--policy.n_action_steps=5",
@@ -22,7 +22,8 @@ def metrics(output_dir: Path) -> list[dict[str, float]]:
 
 
 def train(output_dir: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    result = run_cli("train", f"--output_dir={output_dir}", *args, timeout=timeout)
+    # One thread: on 2 shared cores, two threads per process make each step many times slower.
+    result = run_cli("train", f"--output_dir={output_dir}", *args, timeout=timeout, env=launch_env(output_dir.parent))
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
