@@ -125,6 +125,10 @@ def save_pretrained(
         preprocessor.save(directory, PREPROCESSOR)
     if postprocessor is not None:
         postprocessor.save(directory, POSTPROCESSOR)
+    from lerobot_kit.core.peft import is_peft_model, save_adapter_config
+
+    if is_peft_model(policy):
+        save_adapter_config(policy, directory)
     if state_dict is not None:
         # A private contiguous CPU copy: safetensors refuses views and shared storage.
         tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
@@ -136,10 +140,17 @@ def load_pretrained(directory: Path, *, load_weights: bool = True) -> tuple[Poli
 
     ``load_weights=False`` returns the freshly initialised policy, for callers that
     load weights another way (DCP shards, a PEFT adapter).
+
+    A PEFT folder (adapter, no full weights) gives its base policy, loaded from the path
+    ``adapter_config.json`` records, with the adapter merged in: a plain ``Policy``
+    (``lerobot_kit.core.peft.load_peft_model`` keeps the adapter unmerged).
     """
+    from lerobot_kit.core.peft import is_adapter_dir, load_merged_policy
     from lerobot_kit.plugins.manager import get_registry
 
     directory = find_pretrained_dir(Path(directory))
+    if load_weights and is_adapter_dir(directory):
+        return load_merged_policy(directory)
     config_json = _read_json(directory / POLICY_CONFIG)
     policy_type = config_json.get("type")
     if not isinstance(policy_type, str):
@@ -192,7 +203,10 @@ def _missing_weights_message(directory: Path) -> str:
             f"merge them first: lerobot convert-dcp --checkpoint_dir={directory.parent}"
         )
     if (directory / ADAPTER_CONFIG).is_file():
-        return f"{directory} holds a PEFT adapter, not full weights; load it through the PEFT loader"
+        return (
+            f"{directory} holds a PEFT adapter, not full weights; load it with load_pretrained, or merge it into "
+            "a plain model.safetensors with lerobot_kit.core.peft.merge_adapter"
+        )
     return f"{directory}: no {MODEL_WEIGHTS}; the pretrained_model folder is incomplete"
 
 

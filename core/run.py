@@ -150,6 +150,9 @@ def prepare_run(config: TrainConfig, config_path: str | None, ctx: DistContext) 
             f"--save_freq={config.save_freq} must be a multiple of --accelerator.gradient_accumulation.steps="
             f"{accumulation}, so that checkpoints fall between optimizer updates"
         )
+    from lerobot_kit.core.peft import prepare_request
+
+    prepare_request(config)
     plan = _agreed_plan(config, config_path, ctx)
     config.output_dir = str(plan.output_dir)
     config.resume = plan.resume_from is not None
@@ -227,12 +230,21 @@ def _build_parallel_policy(
     torch.manual_seed(config.seed)
     with torch.device("meta") if on_meta else contextlib.nullcontext():
         policy = make_policy(config.policy, meta)
-    if config.policy.path and not from_checkpoint and not on_meta:
+    use_peft = config.peft.method_type is not None
+    # A PEFT checkpoint holds only the adapter: on resume too the base comes from --policy.path.
+    if config.policy.path and (use_peft or not from_checkpoint) and not on_meta:
         load_pretrained_weights(policy, Path(config.policy.path))
-    full_state = policy.state_dict() if dims.sharded and ctx.is_main else {}
-    mesh = dims.build_mesh(ctx.device.type)
     declared = getattr(type(policy), "_fsdp_wrap_modules", None)
-    parallel = parallelize(policy, dims, mesh, config.accelerator, declared, ctx.device)
+    model: torch.nn.Module = policy
+    if use_peft:
+        from lerobot_kit.core.peft import align_trainable_dtypes, base_path_of, wrap_policy
+
+        # Every rank wraps (meta ranks on meta), once, before sharding: the adapters shard with the base.
+        model = wrap_policy(policy, config.peft, base_path_of(str(config.policy.path)))
+        align_trainable_dtypes(model, config, dims, declared)
+    full_state = model.state_dict() if dims.sharded and ctx.is_main else {}
+    mesh = dims.build_mesh(ctx.device.type)
+    parallel = parallelize(model, dims, mesh, config.accelerator, declared, ctx.device)
     if dims.sharded:
         if on_meta:
             parallel.to_empty()

@@ -16,6 +16,7 @@ from torch import nn
 
 from lerobot_kit.core.checkpoint import layout
 from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.core.peft import is_peft_model, to_model_keys, to_saved_keys
 
 
 class CheckpointFormat(ABC):
@@ -31,29 +32,48 @@ class CheckpointFormat(ABC):
 
 
 def write_gathered(model: nn.Module, pretrained_dir: Path, *, sharded: bool, is_main: bool) -> None:
-    """One ``model.safetensors`` of full fp32 weights; the gather is collective, the main process writes."""
+    """One ``model.safetensors`` of full fp32 weights; the gather is collective, the main process writes.
+
+    A PEFT model writes ``adapter_model.safetensors`` instead: only the adapter (and
+    fully trained modules), under peft's saved names; the frozen base is never gathered.
+    """
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+    peft = is_peft_model(model)
     if sharded:
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=peft)
+        state = get_model_state_dict(model, options=options)
     else:
         state = model.state_dict()
     if is_main:
+        if peft:
+            state = to_saved_keys(model, state)
         tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in state.items()}
-        save_file(tensors, str(pretrained_dir / layout.MODEL_WEIGHTS), metadata={"format": "pt"})
+        name = layout.ADAPTER_WEIGHTS if peft else layout.MODEL_WEIGHTS
+        save_file(tensors, str(pretrained_dir / name), metadata={"format": "pt"})
 
 
 def write_shards(model: nn.Module, pretrained_dir: Path) -> None:
-    """DCP shards of the weights: every rank writes its own part, nothing is gathered."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    """DCP shards of the weights: every rank writes its own part, nothing is gathered.
 
-    dcp.save(get_model_state_dict(model), checkpoint_id=str(pretrained_dir / layout.DCP_MODEL_DIR))
+    A PEFT model's shards hold only the adapter, keyed as in ``adapter_model.safetensors``.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    peft = is_peft_model(model)
+    state = get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=peft))
+    if peft:
+        state = to_saved_keys(model, state)
+    dcp.save(state, checkpoint_id=str(pretrained_dir / layout.DCP_MODEL_DIR))
 
 
 def load_any_weights(model: nn.Module, pretrained_dir: Path, *, distributed: bool, is_main: bool) -> None:
-    """DCP shards when present (reshard onto any topology), else the gathered file."""
+    """DCP shards when present (reshard onto any topology), else the gathered file.
+
+    A PEFT model loads only its adapter (the base was loaded from --policy.path).
+    """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -61,26 +81,33 @@ def load_any_weights(model: nn.Module, pretrained_dir: Path, *, distributed: boo
         set_model_state_dict,
     )
 
+    peft = is_peft_model(model)
     shards = pretrained_dir / layout.DCP_MODEL_DIR
-    gathered = pretrained_dir / layout.MODEL_WEIGHTS
+    gathered = pretrained_dir / (layout.ADAPTER_WEIGHTS if peft else layout.MODEL_WEIGHTS)
     if shards.is_dir():
-        state = get_model_state_dict(model)
+        state = get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=peft))
+        if peft:
+            state = to_saved_keys(model, state)
         try:
             dcp.load(state, checkpoint_id=str(shards))
         except Exception as exc:  # noqa: BLE001 - DCP raises many types for damaged shards
             raise CheckpointError(f"{shards}: cannot load the weight shards ({_first_line(exc)})") from exc
-        set_model_state_dict(model, state)
+        if peft:
+            state = to_model_keys(model, state, shards)
+        set_model_state_dict(model, state, options=StateDictOptions(strict=not peft))
         return
     if not gathered.is_file():
-        raise CheckpointError(f"{pretrained_dir}: holds neither {layout.MODEL_WEIGHTS} nor {layout.DCP_MODEL_DIR}/")
+        raise CheckpointError(f"{pretrained_dir}: holds neither {gathered.name} nor {layout.DCP_MODEL_DIR}/")
     full = read_safetensors(gathered) if (is_main or not distributed) else {}
+    if peft and full:
+        full = to_model_keys(model, full, gathered)
     if distributed:
         set_model_state_dict(
-            model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=True)
+            model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=not peft)
         )
     else:
         missing, unexpected = model.load_state_dict(full, strict=False)
-        if missing or unexpected:
+        if unexpected or (missing and not peft):  # a PEFT model's base keys are never in the file
             raise CheckpointError(
                 f"{gathered}: does not match the policy (missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})"
             )

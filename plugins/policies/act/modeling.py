@@ -219,7 +219,10 @@ def _make_backbone(name: str) -> tuple[nn.Module, int]:
 class ACTPolicy(Policy):
     config_class = ACTConfig
     _fsdp_wrap_modules = ["ACTEncoderLayer", "ACTDecoderLayer"]
-    default_peft_targets = ["q_proj", "k_proj", "v_proj", "out_proj", "linear1", "linear2"]
+    # Every attention and feed-forward projection except the first decoder layer's
+    # self-attention value projection: the decoder starts from all-zero queries, so that
+    # projection only ever sees zeros and an adapter there could never learn.
+    default_peft_targets = r"(?!decoder\.layers\.0\.self_attn\.v_proj$).*\.(q_proj|k_proj|v_proj|out_proj|linear1|linear2)"
     config: ACTConfig
 
     def __init__(self, config: ACTConfig, meta: DatasetMeta) -> None:
