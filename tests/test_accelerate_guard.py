@@ -127,8 +127,7 @@ parallelism_config:
 
 
 def accelerate_launch(args: list[str], tmp_path: Path) -> list[dict]:
-    if not ACCELERATE.exists():
-        pytest.skip("accelerate is not installed (pip install lerobot-kit[accelerate])")
+    assert ACCELERATE.exists(), "accelerate is part of the test extras: pip install -e '.[test]'"
     proc = subprocess.run(
         [str(ACCELERATE), "launch", *args, DIST_UTIL, "probe", str(tmp_path)],
         capture_output=True, text=True, timeout=100, env=clean_env(tmp_path),

@@ -196,8 +196,7 @@ def test_torchrun_two_nodes_on_loopback(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_accelerate_two_machines_on_loopback(tmp_path: Path) -> None:
     accelerate = BIN / "accelerate"
-    if not accelerate.exists():
-        pytest.skip("accelerate is not installed (pip install lerobot-kit[accelerate])")
+    assert accelerate.exists(), "accelerate is part of the test extras: pip install -e '.[test]'"
     port = free_port()
     results = _two_nodes(
         [

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from conftest import launch_env, read_metrics, run_cli, torchrun_train
 
-pytest.importorskip("peft")
+import peft  # noqa: E402,F401  - part of the test extras; fail loudly if missing
 
 BASE_ACT = ["--policy.dim_model=64", "--policy.dim_feedforward=128", "--policy.n_heads=2",
             "--policy.n_encoder_layers=2", "--policy.n_vae_encoder_layers=1", "--policy.chunk_size=5",
