@@ -240,7 +240,7 @@ def resolve_wrap_units(model: nn.Module, fsdp: FSDPConfig, declared: list[str] |
     )
 
 
-def _unit_of(param_path: str, units: list[str]) -> str:
+def unit_of(param_path: str, units: list[str]) -> str:
     """The innermost unit holding ``param_path``; "" for the root."""
     best = ""
     for unit in units:
@@ -259,7 +259,7 @@ def check_tied_weights(
     for name, param in model.named_parameters(remove_duplicate=False):
         if param in ignored_params:
             continue
-        unit = _unit_of(name, unit_paths)
+        unit = unit_of(name, unit_paths)
         if id(param) not in seen:
             seen[id(param)] = (name, unit)
             continue
@@ -301,6 +301,29 @@ def _ignored(model: nn.Module, pattern: str | None) -> tuple[list[str], list[nn.
     return outermost, list(params.values())
 
 
+def effective_wrap_units(
+    model: nn.Module, fsdp: FSDPConfig, declared: list[str] | None
+) -> tuple[list[str], str, list[str], set[nn.Parameter]]:
+    """The wrap units ``parallelize`` shards, their source, the ignored module paths and
+    the ignored parameters. One function for the run, ``lerobot plan`` and PEFT's dtype
+    check, so each of them refuses exactly what the run would.
+
+    Units wholly inside ignored modules are dropped (they would hold nothing to shard);
+    refuses a configuration that leaves no unit, or that ties weights across units.
+    """
+    units, source = resolve_wrap_units(model, fsdp, declared)
+    ignored_paths, ignored = _ignored(model, fsdp.ignored_modules)
+    ignored_set = set(ignored)
+    units = [u for u in units if any(p not in ignored_set for p in model.get_submodule(u).parameters())]
+    if not units:
+        raise ConfigError(
+            f"every FSDP wrap unit lies inside --accelerator.fsdp.ignored_modules={fsdp.ignored_modules!r}, "
+            "so nothing would be sharded: narrow the regex"
+        )
+    check_tied_weights(model, units, ignored_set)
+    return units, source, ignored_paths, ignored_set
+
+
 def _has_meta(model: nn.Module) -> bool:
     return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
 
@@ -333,16 +356,7 @@ def parallelize(
     if mesh is None:
         raise ValueError(f"layout {dims.layout!r} needs the mesh from ParallelDims.build_mesh()")
     fsdp = accel.fsdp
-    units, source = resolve_wrap_units(model, fsdp, declared_wrap_modules)
-    ignored_paths, ignored = _ignored(model, fsdp.ignored_modules)
-    ignored_set = set(ignored)
-    units = [u for u in units if any(p not in ignored_set for p in model.get_submodule(u).parameters())]
-    if not units:
-        raise ConfigError(
-            f"every FSDP wrap unit lies inside --accelerator.fsdp.ignored_modules={fsdp.ignored_modules!r}, "
-            "so nothing would be sharded: narrow the regex"
-        )
-    check_tied_weights(model, units, ignored_set)
+    units, source, ignored_paths, ignored_set = effective_wrap_units(model, fsdp, declared_wrap_modules)
     offload: OffloadPolicy = OffloadPolicy()
     if fsdp.cpu_offload:
         # Pinned host memory needs an accelerator; without one pinning fails or wastes RAM.

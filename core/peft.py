@@ -183,15 +183,13 @@ def align_trainable_dtypes(model: nn.Module, config: TrainConfig, dims: Parallel
         return
     if not dims.sharded:
         return
-    from lerobot_kit.core.parallelize import _ignored, _unit_of, resolve_wrap_units
+    from lerobot_kit.core.parallelize import effective_wrap_units, unit_of
 
-    units, _ = resolve_wrap_units(model, config.accelerator.fsdp, declared)
-    _, ignored = _ignored(model, config.accelerator.fsdp.ignored_modules)
-    ignored_ids = {id(p) for p in ignored}
+    units, _, _, ignored = effective_wrap_units(model, config.accelerator.fsdp, declared)
     by_unit: dict[str, dict[torch.dtype, list[str]]] = {}
     for name, param in trainable:
-        if id(param) not in ignored_ids:
-            by_unit.setdefault(_unit_of(name, units), {}).setdefault(param.dtype, []).append(name)
+        if param not in ignored:
+            by_unit.setdefault(unit_of(name, units), {}).setdefault(param.dtype, []).append(name)
     for unit, dtypes in by_unit.items():
         if len(dtypes) > 1:
             listed = "; ".join(

@@ -23,8 +23,7 @@ import torch
 from torch import nn
 
 from lerobot_kit.core.config import AcceleratorConfig, TrainConfig
-from lerobot_kit.core.errors import ConfigError
-from lerobot_kit.core.parallelize import _ignored, _unit_of, check_tied_weights, resolve_wrap_units
+from lerobot_kit.core.parallelize import effective_wrap_units, unit_of
 from lerobot_kit.core.precision import build_mp_policy
 from lerobot_kit.core.topology import ParallelDims
 
@@ -116,24 +115,6 @@ def _rank_bytes(params: list[nn.Parameter], shards_of: dict[int, int]) -> RankBy
     return RankBytes(params_bytes, grads_bytes, optimizer_bytes)
 
 
-def _sharded_units(
-    model: nn.Module, accel: AcceleratorConfig, declared: list[str] | None
-) -> tuple[list[str], str, list[str], set[nn.Parameter]]:
-    """Wrap units, their source, ignored module paths and parameters — as ``parallelize`` picks them."""
-    fsdp = accel.fsdp
-    units, source = resolve_wrap_units(model, fsdp, declared)
-    ignored_paths, ignored = _ignored(model, fsdp.ignored_modules)
-    ignored_set = set(ignored)
-    units = [u for u in units if any(p not in ignored_set for p in model.get_submodule(u).parameters())]
-    if not units:
-        raise ConfigError(
-            f"every FSDP wrap unit lies inside --accelerator.fsdp.ignored_modules={fsdp.ignored_modules!r}, "
-            "so nothing would be sharded: narrow the regex"
-        )
-    check_tied_weights(model, units, ignored_set)
-    return units, source, ignored_paths, ignored_set
-
-
 def plan_model(
     model: nn.Module, dims: ParallelDims, accel: AcceleratorConfig, declared: list[str] | None
 ) -> ShardingPlan:
@@ -154,14 +135,14 @@ def plan_model(
             **plan_kw, wrap_source="", units=[], root_params=0, ignored_modules=[], ignored_params=0,
             per_rank=ddp, gather_dtype=None, largest_gather_bytes=None, largest_gather_unit=None,
         )
-    units, source, ignored_paths, ignored = _sharded_units(model, accel, declared)
+    units, source, ignored_paths, ignored = effective_wrap_units(model, accel.fsdp, declared)
     mp_policy = build_mp_policy(accel)
     cast = mp_policy.param_dtype if mp_policy is not None else None
     managed: dict[str, int] = {path: 0 for path in ["", *units]}
     gathered: dict[str, int] = dict(managed)
     for name, param in model.named_parameters():
         if param not in ignored:
-            unit = _unit_of(name, units)
+            unit = unit_of(name, units)
             managed[unit] += param.numel()
             gathered[unit] += param.numel() * (cast or param.dtype).itemsize
     largest = max(gathered, key=lambda path: gathered[path])

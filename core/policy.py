@@ -11,6 +11,7 @@ meta build; to_empty; init_weights()`` give the same weights.
 from __future__ import annotations
 
 import json
+from collections import deque
 from pathlib import Path
 from typing import ClassVar
 
@@ -30,7 +31,7 @@ from lerobot_kit.core.checkpoint.layout import (
     find_pretrained_dir,
 )
 from lerobot_kit.core.config import PolicyConfig
-from lerobot_kit.core.dataset import DatasetMeta
+from lerobot_kit.core.dataset import ACTION_KEY, STATE_KEY, DatasetMeta
 from lerobot_kit.core.errors import CheckpointError, ConfigError, PluginError
 from lerobot_kit.core.processor import PolicyProcessor
 
@@ -47,6 +48,8 @@ class Policy(nn.Module):
     config_class: ClassVar[type[PolicyConfig]]
     _fsdp_wrap_modules: ClassVar[list[str] | None] = None
     default_peft_targets: ClassVar[list[str] | str | None] = None
+    # Set by action-chunking policies that use ``_next_from_queue``: deque(maxlen=n_action_steps).
+    _action_queue: deque[Tensor]
 
     def __init__(self, config: PolicyConfig, meta: DatasetMeta) -> None:
         super().__init__()
@@ -82,8 +85,37 @@ class Policy(nn.Module):
         """Next normalised action [B, action_dim] for normalised observations."""
         raise NotImplementedError
 
+    def predict_action_chunk(self, batch: dict[str, Tensor]) -> Tensor:
+        """A normalised chunk of actions [B, chunk, action_dim], for policies that predict chunks."""
+        raise NotImplementedError
+
+    def _next_from_queue(self, batch: dict[str, Tensor]) -> Tensor:
+        """``select_action`` of an action-chunking policy: pop ``self._action_queue``, and
+        predict a new chunk (its first ``n_action_steps`` = the queue's ``maxlen``) only
+        when the queue is empty, so a chunk is executed open-loop before re-planning."""
+        queue = self._action_queue
+        if not queue:
+            chunk = self.predict_action_chunk(batch)[:, : queue.maxlen]
+            queue.extend(chunk.transpose(0, 1))
+        return queue.popleft()
+
     def reset(self) -> None:
         """Forget per-episode state (action queues); call at each episode start."""
+
+
+def feature_dims(meta: DatasetMeta, policy_name: str) -> tuple[list[str], int, int]:
+    """(camera keys, state size or 0 without a state, action size) for a policy that reads
+    a state and/or cameras and predicts actions; refuses, naming the policy, a dataset
+    that leaves it nothing to predict or nothing to observe."""
+    if ACTION_KEY not in meta.features:
+        raise ConfigError(f"{policy_name} needs an {ACTION_KEY!r} feature; the dataset has {sorted(meta.features)}")
+    image_keys = meta.image_keys()
+    state_dim = meta.features[STATE_KEY].shape[0] if STATE_KEY in meta.features else 0
+    if not state_dim and not image_keys:
+        raise ConfigError(
+            f"{policy_name} needs {STATE_KEY!r} or an image feature; the dataset has {sorted(meta.features)}"
+        )
+    return image_keys, state_dim, meta.features[ACTION_KEY].shape[0]
 
 
 def make_policy(config: PolicyConfig, meta: DatasetMeta) -> Policy:

@@ -1,13 +1,18 @@
-"""Shared test helpers: run the installed console scripts as a user would."""
+"""Shared test helpers: run the installed console scripts as a user would; policy checks that several policies share."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from torch import nn
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
@@ -30,6 +35,28 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def assert_meta_build_equals_cpu_build(build: Callable[[], nn.Module], seed: int = 7) -> nn.Module:
+    """``manual_seed(s); build()`` on the CPU equals a meta-device ``build()`` + ``to_empty``
+    + ``init_weights()`` from the same seed: sharded runs build on meta and rely on it.
+    Returns the CPU build."""
+    import torch
+
+    torch.manual_seed(seed)
+    reference = build()
+    torch.manual_seed(seed)
+    with torch.device("meta"):
+        policy = build()
+    assert all(p.is_meta for p in policy.parameters())
+    policy.to_empty(device="cpu")
+    torch.manual_seed(seed)
+    policy.init_weights()
+    assert reference.state_dict().keys() == policy.state_dict().keys()
+    for (name, a), b in zip(reference.state_dict().items(), policy.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert not list(policy.buffers())  # nothing that to_empty would leave uninitialised
+    return reference
 
 
 TINY_ACT = ["--policy.dim_model=32", "--policy.dim_feedforward=64", "--policy.n_heads=2",

@@ -13,7 +13,7 @@ import torch
 from pydantic import ValidationError
 from safetensors.torch import load_file
 
-from conftest import BIN
+from conftest import BIN, assert_meta_build_equals_cpu_build
 from lerobot_kit.core.config import PolicyConfig
 from lerobot_kit.core.errors import ConfigError
 from lerobot_kit.core.policy import load_pretrained, make_policy, save_pretrained
@@ -180,19 +180,7 @@ def test_bf16_weights_without_autocast_as_fsdp_param_dtype_runs_them() -> None:
 
 def test_meta_device_build_then_init_weights_equals_a_cpu_build() -> None:
     config, dataset, _, _, _ = _setup(True)
-    torch.manual_seed(7)
-    reference = make_policy(config, dataset.meta)
-    torch.manual_seed(7)
-    with torch.device("meta"):
-        policy = make_policy(config, dataset.meta)
-    assert all(p.is_meta for p in policy.parameters())
-    policy.to_empty(device="cpu")
-    torch.manual_seed(7)
-    policy.init_weights()
-    assert reference.state_dict().keys() == policy.state_dict().keys()
-    for (name, a), b in zip(reference.state_dict().items(), policy.state_dict().values()):
-        assert torch.equal(a, b), name
-    assert not list(policy.buffers())  # nothing that to_empty would leave uninitialised
+    reference = assert_meta_build_equals_cpu_build(lambda: make_policy(config, dataset.meta))
     torch.manual_seed(8)
     assert not torch.equal(make_policy(config, dataset.meta).cond_pos, reference.cond_pos)
 

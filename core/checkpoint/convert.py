@@ -52,6 +52,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from lerobot_kit.core.checkpoint import dcp_metadata
+from lerobot_kit.core.checkpoint.atomic import fsync_dir
 from lerobot_kit.core.checkpoint.safetensors_header import METADATA_KEY, read_safetensors_header, tensors
 from lerobot_kit.core.checkpoint.layout import (
     ADAPTER_CONFIG,
@@ -198,7 +199,7 @@ def convert_dcp(
         tmp.unlink(missing_ok=True)
         raise
     os.replace(tmp, output)
-    _fsync_dir(pretrained)
+    fsync_dir(pretrained)
     if delete_dcp:
         try:
             shutil.rmtree(dcp_dir)
@@ -346,14 +347,6 @@ class _CachedMetadataReader(FileSystemReader):
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.contiguous().reshape(-1).view(torch.uint8)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _one_line(exc: BaseException) -> str:

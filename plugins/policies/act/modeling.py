@@ -12,22 +12,24 @@ FSDP2: the wrap units are ``ACTEncoderLayer`` and ``ACTDecoderLayer``. No parame
 shared between them, every layer is entered through ``__call__`` (so FSDP's hooks
 gather its shard), and positional tables are computed in ``forward`` rather than held
 as buffers, so a meta-device build needs only ``to_empty`` + ``init_weights``.
-Attention uses separate q/k/v/out ``nn.Linear`` projections so LoRA can target them.
+Attention (``plugins.policies.attention``) uses separate q/k/v/out ``nn.Linear``
+projections so LoRA can target them.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lerobot_kit.core.dataset import ACTION_KEY, STATE_KEY, DatasetMeta, pad_key
 from lerobot_kit.core.errors import ConfigError
-from lerobot_kit.core.policy import Policy
+from lerobot_kit.core.policy import Policy, feature_dims
 from lerobot_kit.plugins.policies.act.configuration import ACTConfig
+from lerobot_kit.plugins.policies.attention import MultiHeadAttention
 
 ACTION_PAD_KEY = pad_key(ACTION_KEY)
 
@@ -59,36 +61,6 @@ def sinusoid_2d(height: int, width: int, dim: int, device: torch.device) -> Tens
     return grid.reshape(height * width, dim)
 
 
-class ACTAttention(nn.Module):
-    """Multi-head attention (batch-first) with LoRA-targetable q/k/v/out projections."""
-
-    def __init__(self, dim: int, n_heads: int, dropout: float) -> None:
-        super().__init__()
-        if dim % n_heads:
-            raise ConfigError(f"policy.dim_model={dim} must be divisible by policy.n_heads={n_heads}")
-        self.n_heads = n_heads
-        self.dropout = dropout
-        self.q_proj = nn.Linear(dim, dim)
-        self.k_proj = nn.Linear(dim, dim)
-        self.v_proj = nn.Linear(dim, dim)
-        self.out_proj = nn.Linear(dim, dim)
-
-    def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        batch, q_len, dim = query.shape
-
-        def heads(x: Tensor) -> Tensor:
-            return x.view(batch, -1, self.n_heads, dim // self.n_heads).transpose(1, 2)
-
-        q, k, v = heads(self.q_proj(query)), heads(self.k_proj(key)), heads(self.v_proj(value))
-        attend = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
-        # SDPA needs one dtype; under autocast the projections agree, a float32 input would not.
-        k, v = k.to(q.dtype), v.to(q.dtype)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attend, dropout_p=self.dropout if self.training else 0.0
-        )
-        return self.out_proj(out.transpose(1, 2).reshape(batch, q_len, dim))
-
-
 class _FeedForward(nn.Module):
     def __init__(self, config: ACTConfig) -> None:
         super().__init__()
@@ -101,13 +73,23 @@ class _FeedForward(nn.Module):
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
 
 
+def _residual(
+    x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Module, dropout: nn.Module, pre_norm: bool
+) -> Tensor:
+    """One residual sub-block: ``x + dropout(sublayer(norm(x)))`` (pre-norm), or
+    ``norm(x + dropout(sublayer(x)))`` (post-norm, the original transformer's)."""
+    if pre_norm:
+        return x + dropout(sublayer(norm(x)))
+    return norm(x + dropout(sublayer(x)))
+
+
 class ACTEncoderLayer(nn.Module):
     """Self-attention + feed-forward; positions are added to queries and keys (DETR style)."""
 
     def __init__(self, config: ACTConfig) -> None:
         super().__init__()
         self.pre_norm = config.pre_norm
-        self.self_attn = ACTAttention(config.dim_model, config.n_heads, config.dropout)
+        self.self_attn = MultiHeadAttention(config.dim_model, config.n_heads, config.dropout)
         self.ffn = _FeedForward(config)
         self.norm1 = nn.LayerNorm(config.dim_model)
         self.norm2 = nn.LayerNorm(config.dim_model)
@@ -115,13 +97,11 @@ class ACTEncoderLayer(nn.Module):
         self.dropout2 = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor, pos: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        h = self.norm1(x) if self.pre_norm else x
-        x = x + self.dropout1(self.self_attn(h + pos, h + pos, h, key_padding_mask))
-        if not self.pre_norm:
-            x = self.norm1(x)
-        h = self.norm2(x) if self.pre_norm else x
-        x = x + self.dropout2(self.ffn(h))
-        return x if self.pre_norm else self.norm2(x)
+        def attend(h: Tensor) -> Tensor:
+            return self.self_attn(h + pos, h + pos, h, key_padding_mask)
+
+        x = _residual(x, attend, self.norm1, self.dropout1, self.pre_norm)
+        return _residual(x, self.ffn, self.norm2, self.dropout2, self.pre_norm)
 
 
 class ACTDecoderLayer(nn.Module):
@@ -130,8 +110,8 @@ class ACTDecoderLayer(nn.Module):
     def __init__(self, config: ACTConfig) -> None:
         super().__init__()
         self.pre_norm = config.pre_norm
-        self.self_attn = ACTAttention(config.dim_model, config.n_heads, config.dropout)
-        self.cross_attn = ACTAttention(config.dim_model, config.n_heads, config.dropout)
+        self.self_attn = MultiHeadAttention(config.dim_model, config.n_heads, config.dropout)
+        self.cross_attn = MultiHeadAttention(config.dim_model, config.n_heads, config.dropout)
         self.ffn = _FeedForward(config)
         self.norm1 = nn.LayerNorm(config.dim_model)
         self.norm2 = nn.LayerNorm(config.dim_model)
@@ -141,17 +121,15 @@ class ACTDecoderLayer(nn.Module):
         self.dropout3 = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor, memory: Tensor, query_pos: Tensor, memory_pos: Tensor) -> Tensor:
-        h = self.norm1(x) if self.pre_norm else x
-        x = x + self.dropout1(self.self_attn(h + query_pos, h + query_pos, h))
-        if not self.pre_norm:
-            x = self.norm1(x)
-        h = self.norm2(x) if self.pre_norm else x
-        x = x + self.dropout2(self.cross_attn(h + query_pos, memory + memory_pos, memory))
-        if not self.pre_norm:
-            x = self.norm2(x)
-        h = self.norm3(x) if self.pre_norm else x
-        x = x + self.dropout3(self.ffn(h))
-        return x if self.pre_norm else self.norm3(x)
+        def attend_self(h: Tensor) -> Tensor:
+            return self.self_attn(h + query_pos, h + query_pos, h)
+
+        def attend_memory(h: Tensor) -> Tensor:
+            return self.cross_attn(h + query_pos, memory + memory_pos, memory)
+
+        x = _residual(x, attend_self, self.norm1, self.dropout1, self.pre_norm)
+        x = _residual(x, attend_memory, self.norm2, self.dropout2, self.pre_norm)
+        return _residual(x, self.ffn, self.norm3, self.dropout3, self.pre_norm)
 
 
 class ACTEncoder(nn.Module):
@@ -228,17 +206,11 @@ class ACTPolicy(Policy):
     def __init__(self, config: ACTConfig, meta: DatasetMeta) -> None:
         entry_rng = torch.get_rng_state()
         super().__init__(config, meta)
-        if ACTION_KEY not in meta.features:
-            raise ConfigError(f"ACT needs an {ACTION_KEY!r} feature; the dataset has {sorted(meta.features)}")
-        self.image_keys = meta.image_keys()
-        self.state_dim = meta.features[STATE_KEY].shape[0] if STATE_KEY in meta.features else 0
-        if not self.state_dim and not self.image_keys:
-            raise ConfigError(f"ACT needs {STATE_KEY!r} or an image feature; the dataset has {sorted(meta.features)}")
+        self.image_keys, self.state_dim, self.action_dim = feature_dims(meta, "ACT")
         if config.n_action_steps > config.chunk_size:
             raise ConfigError(
                 f"policy.n_action_steps={config.n_action_steps} exceeds policy.chunk_size={config.chunk_size}"
             )
-        self.action_dim = meta.features[ACTION_KEY].shape[0]
         dim = config.dim_model
         if config.use_vae:
             self.vae_cls_embed = nn.Embedding(1, dim)
@@ -298,10 +270,7 @@ class ACTPolicy(Policy):
     @torch.no_grad()
     def select_action(self, batch: dict[str, Tensor]) -> Tensor:
         """Pop the next action; predict a new chunk only when the queue of n_action_steps is empty."""
-        if not self._action_queue:
-            chunk = self.predict_action_chunk(batch)[:, : self.config.n_action_steps]
-            self._action_queue.extend(chunk.transpose(0, 1))
-        return self._action_queue.popleft()
+        return self._next_from_queue(batch)
 
     def reset(self) -> None:
         self._action_queue.clear()

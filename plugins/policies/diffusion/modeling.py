@@ -29,7 +29,8 @@ from torch import Tensor, nn
 
 from lerobot_kit.core.dataset import ACTION_KEY, STATE_KEY, DatasetMeta, pad_key
 from lerobot_kit.core.errors import ConfigError
-from lerobot_kit.core.policy import Policy
+from lerobot_kit.core.policy import Policy, feature_dims
+from lerobot_kit.plugins.policies.attention import MultiHeadAttention
 from lerobot_kit.plugins.policies.diffusion.configuration import DiffusionConfig
 
 ACTION_PAD_KEY = pad_key(ACTION_KEY)
@@ -107,33 +108,6 @@ def timestep_embedding(timesteps: Tensor, dim: int) -> Tensor:
     return F.pad(embedding, (0, dim - 2 * half))
 
 
-class DiffusionAttention(nn.Module):
-    """Multi-head attention (batch-first) with LoRA-targetable q/k/v/out projections."""
-
-    def __init__(self, dim: int, n_heads: int, dropout: float) -> None:
-        super().__init__()
-        if dim % n_heads:
-            raise ConfigError(f"policy.dim_model={dim} must be divisible by policy.n_heads={n_heads}")
-        self.n_heads = n_heads
-        self.dropout = dropout
-        self.q_proj = nn.Linear(dim, dim)
-        self.k_proj = nn.Linear(dim, dim)
-        self.v_proj = nn.Linear(dim, dim)
-        self.out_proj = nn.Linear(dim, dim)
-
-    def forward(self, query: Tensor, context: Tensor) -> Tensor:
-        batch, q_len, dim = query.shape
-
-        def heads(x: Tensor) -> Tensor:
-            return x.view(batch, -1, self.n_heads, dim // self.n_heads).transpose(1, 2)
-
-        q, k, v = heads(self.q_proj(query)), heads(self.k_proj(context)), heads(self.v_proj(context))
-        # SDPA needs one dtype; under autocast the projections agree, a float32 input would not.
-        k, v = k.to(q.dtype), v.to(q.dtype)
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
-        return self.out_proj(out.transpose(1, 2).reshape(batch, q_len, dim))
-
-
 class DiffusionTransformerBlock(nn.Module):
     """Pre-LayerNorm block: self-attention over the action tokens, cross-attention to the
     conditioning tokens, feed-forward — the FSDP wrap unit."""
@@ -141,8 +115,8 @@ class DiffusionTransformerBlock(nn.Module):
     def __init__(self, config: DiffusionConfig) -> None:
         super().__init__()
         dim = config.dim_model
-        self.self_attn = DiffusionAttention(dim, config.n_heads, config.dropout)
-        self.cross_attn = DiffusionAttention(dim, config.n_heads, config.dropout)
+        self.self_attn = MultiHeadAttention(dim, config.n_heads, config.dropout)
+        self.cross_attn = MultiHeadAttention(dim, config.n_heads, config.dropout)
         self.linear1 = nn.Linear(dim, config.dim_feedforward)
         self.linear2 = nn.Linear(config.dim_feedforward, dim)
         self.norm1 = nn.LayerNorm(dim)
@@ -152,8 +126,8 @@ class DiffusionTransformerBlock(nn.Module):
 
     def forward(self, x: Tensor, memory: Tensor) -> Tensor:
         h = self.norm1(x)
-        x = x + self.dropout(self.self_attn(h, h))
-        x = x + self.dropout(self.cross_attn(self.norm2(x), memory))
+        x = x + self.dropout(self.self_attn(h, h, h))
+        x = x + self.dropout(self.cross_attn(self.norm2(x), memory, memory))
         return x + self.dropout(self.linear2(self.dropout(F.gelu(self.linear1(self.norm3(x))))))
 
 
@@ -209,14 +183,7 @@ class DiffusionPolicy(Policy):
     def __init__(self, config: DiffusionConfig, meta: DatasetMeta) -> None:
         entry_rng = torch.get_rng_state()
         super().__init__(config, meta)
-        if ACTION_KEY not in meta.features:
-            raise ConfigError(f"diffusion needs an {ACTION_KEY!r} feature; the dataset has {sorted(meta.features)}")
-        self.image_keys = meta.image_keys()
-        self.state_dim = meta.features[STATE_KEY].shape[0] if STATE_KEY in meta.features else 0
-        if not self.state_dim and not self.image_keys:
-            raise ConfigError(
-                f"diffusion needs {STATE_KEY!r} or an image feature; the dataset has {sorted(meta.features)}"
-            )
+        self.image_keys, self.state_dim, self.action_dim = feature_dims(meta, "diffusion")
         if config.n_action_steps > config.horizon:
             raise ConfigError(
                 f"policy.n_action_steps={config.n_action_steps} exceeds policy.horizon={config.horizon}"
@@ -226,7 +193,6 @@ class DiffusionPolicy(Policy):
                 f"policy.num_inference_steps={config.num_inference_steps} exceeds "
                 f"policy.num_train_timesteps={config.num_train_timesteps}"
             )
-        self.action_dim = meta.features[ACTION_KEY].shape[0]
         self.schedule = NoiseSchedule(config.num_train_timesteps)
         dim = config.dim_model
         self.state_proj = nn.Linear(self.state_dim, dim) if self.state_dim else None
@@ -314,10 +280,7 @@ class DiffusionPolicy(Policy):
                 self._obs_queue.extend([state] * (self.config.n_obs_steps - 1))
             self._obs_queue.append(state)
             observation[STATE_KEY] = torch.stack(list(self._obs_queue), dim=1)
-        if not self._action_queue:
-            chunk = self.predict_action_chunk(observation)[:, : self.config.n_action_steps]
-            self._action_queue.extend(chunk.transpose(0, 1))
-        return self._action_queue.popleft()
+        return self._next_from_queue(observation)
 
     def reset(self) -> None:
         self._obs_queue.clear()

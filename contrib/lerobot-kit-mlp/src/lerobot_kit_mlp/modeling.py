@@ -105,10 +105,7 @@ class ResidualMLPPolicy(Policy):
     @torch.no_grad()
     def select_action(self, batch: dict[str, Tensor]) -> Tensor:
         """Pop the next action; predict a new chunk only when n_action_steps are used up."""
-        if not self._action_queue:
-            chunk = self.predict_action_chunk(batch)[:, : self.config.n_action_steps]
-            self._action_queue.extend(chunk.transpose(0, 1))
-        return self._action_queue.popleft()
+        return self._next_from_queue(batch)
 
     def reset(self) -> None:
         self._action_queue.clear()
