@@ -131,20 +131,18 @@ class Parallelized:
         group only (HSDP replicas hold identical shards). Plain gradients (DDP, ignored
         modules) are already identical on every rank.
         """
-        sharded_sq = torch.zeros((), dtype=torch.float64, device=self.device)
-        plain_sq = torch.zeros((), dtype=torch.float64, device=self.device)
-        grads: list[torch.Tensor] = []
+        sharded: list[torch.Tensor] = []
+        plain: list[torch.Tensor] = []
         for param in self.model.parameters():
             grad = param.grad
             if grad is None:
                 continue
             if isinstance(grad, DTensor):
-                local = grad.to_local()
-                sharded_sq += torch.linalg.vector_norm(local, dtype=torch.float64).to(self.device) ** 2
+                sharded.append(grad.to_local())
             else:
-                local = grad
-                plain_sq += torch.linalg.vector_norm(local, dtype=torch.float64).to(self.device) ** 2
-            grads.append(local)
+                plain.append(grad)
+        sharded_sq, plain_sq = self._squared_norm(sharded), self._squared_norm(plain)
+        grads = sharded + plain
         if self.dims.sharded:
             if self.mesh is not None and self.dims.layout == "hsdp" and self.mesh.get_local_rank("dp_replicate") != 0:
                 sharded_sq.zero_()
@@ -155,6 +153,20 @@ class Parallelized:
             if coef < 1.0:
                 with torch.no_grad():
                     torch._foreach_mul_(grads, coef)
+        return total
+
+    def _squared_norm(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """Sum of squared L2 norms: one foreach norm per (device, dtype) group, in at least
+        fp32, combined in fp64. Copying every gradient to fp64 instead cost ~7% of an ACT
+        step on CPU (benchmarks/loop_overhead.py)."""
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
+        for tensor in tensors:
+            groups[(tensor.device, tensor.dtype)].append(tensor)
+        for (_, dtype), group in groups.items():
+            norm_dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+            norms = torch._foreach_norm(group, 2, dtype=norm_dtype)
+            total += torch.stack(norms).to(self.device, torch.float64).square().sum()
         return total
 
     def param_counts(self) -> tuple[int, int]:

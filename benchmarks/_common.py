@@ -1,0 +1,300 @@
+"""Plumbing shared by the benchmarks: result rows, paired statistics, processes, memory.
+
+Machines here are shared and noisy, so no benchmark reports a bare absolute time as
+its verdict: each times ours and a reference side by side, alternating (A/B, B/A, ...),
+and judges the median of the per-pair ratios. Absolute numbers are kept in the JSON
+for context only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH_DIR = Path(__file__).resolve().parent
+
+# Variables of an outer launch or of the user's Accelerate setup, which would leak into ours.
+_LAUNCH_PREFIXES = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_", "TORCHELASTIC_", "SLURM_",
+    "ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_", "LEROBOT_ALLOW_ACCELERATE_ENV", "OMPI_", "PMI_",
+)
+
+
+@dataclass
+class Context:
+    """What every benchmark gets: the size mode and a scratch folder of its own."""
+
+    smoke: bool
+    workdir: Path
+
+    def folder(self, *parts: str) -> Path:
+        """A fresh, empty folder under the work folder."""
+        path = self.workdir.joinpath(*parts)
+        if path.exists():
+            shutil.rmtree(path)
+        path.mkdir(parents=True)
+        return path
+
+    def pick(self, smoke: Any, full: Any) -> Any:
+        return smoke if self.smoke else full
+
+
+@dataclass
+class Row:
+    """One line of the table. ``ratio`` is what the goal judges; ``met`` is None when the
+    row is reported but not judged."""
+
+    name: str
+    ours: float
+    reference: float | None
+    unit: str
+    ratio: float | None
+    goal: str = ""
+    met: bool | None = None
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Result:
+    rows: list[Row] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def judge(value: float | None, goal: str) -> bool | None:
+    """``goal`` is ``"<= 1.05"`` / ``">= 3"`` / ``"< 0.5"``, applied to ``value``."""
+    if value is None or not goal:
+        return None
+    op, limit = goal.split()
+    bound = float(limit)
+    return {"<=": value <= bound, ">=": value >= bound, "<": value < bound, ">": value > bound}[op]
+
+
+def paired(ours: Sequence[float], reference: Sequence[float]) -> dict[str, float]:
+    """Median of each, and the median / min / max of the per-pair ratios ours[i] / reference[i]."""
+    ratios = [a / b for a, b in zip(ours, reference) if b > 0]
+    return {
+        "ours": statistics.median(ours),
+        "reference": statistics.median(reference),
+        "ratio": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "pairs": len(ratios),
+    }
+
+
+def alternate(reps: int, first: Callable[[], float], second: Callable[[], float]) -> tuple[list[float], list[float]]:
+    """Run the two measurements ``reps`` times each in the order A B B A A B ...: a drift of
+    the machine's load over the run hits both sides equally."""
+    a: list[float] = []
+    b: list[float] = []
+    for rep in range(reps):
+        if rep % 2 == 0:
+            a.append(first())
+            b.append(second())
+        else:
+            b.append(second())
+            a.append(first())
+    return a, b
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def rss_now() -> int:
+    """Resident bytes of this process now."""
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_peak() -> int:
+    """High-water resident bytes of this process since its exec (``VmHWM``; unlike
+    ``ru_maxrss``, it does not inherit the parent's high-water mark)."""
+    peak = _hwm(os.getpid())
+    assert peak is not None
+    return peak
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+def console_script(name: str) -> str:
+    """The installed console script next to this interpreter (the venv's), else on PATH."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        raise RuntimeError(f"console script {name!r} is not installed; run `pip install -e .` first")
+    return found
+
+
+def clean_env(workdir: Path, threads: int = 1) -> dict[str, str]:
+    """This environment minus launcher variables; a private HF_HOME and a fixed thread count."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCH_PREFIXES)}
+    env["HF_HOME"] = str(workdir / "hf")
+    env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+@dataclass
+class Timed:
+    seconds: float
+    peak_rss: int | None  # bytes, of this child alone; None unless asked for
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _hwm(pid: int) -> int | None:
+    """The process's resident high-water mark (``VmHWM``); None once it has exited."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _watch_peak(pid: int, stop: threading.Event, peak: list[int]) -> None:
+    while not stop.is_set():
+        value = _hwm(pid)
+        if value is None:
+            return
+        peak[0] = max(peak[0], value)
+        stop.wait(0.005)
+
+
+def run_timed(
+    argv: list[str], env: dict[str, str], timeout: float, cwd: Path | None = None, peak_rss: bool = False
+) -> Timed:
+    """Wall time from spawn to exit and, with ``peak_rss``, the child's own peak RSS.
+
+    The peak is the child's ``VmHWM`` sampled every 5 ms (its last ~5 ms are unseen):
+    ``wait4``'s ``ru_maxrss`` would not do, Linux carries the parent's high-water mark
+    into a child across fork and exec. Sampling competes for the CPU, so it is off for
+    pure timings.
+    """
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, cwd=cwd)
+        # Popen returns once the child has exec'd: from here on its VmHWM is its own.
+        peak, stop = [0], threading.Event()
+        watcher = threading.Thread(target=_watch_peak, args=(proc.pid, stop, peak), daemon=True)
+        if peak_rss:
+            watcher.start()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise RuntimeError(f"{' '.join(argv[:3])} ... killed after {timeout}s") from None
+        finally:
+            stop.set()
+        seconds = time.perf_counter() - start
+        if peak_rss:
+            watcher.join()
+        out.seek(0)
+        err.seek(0)
+        timed = Timed(seconds, peak[0] if peak_rss else None, proc.returncode, out.read(), err.read())
+    if timed.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {timed.returncode}:\n{timed.stdout[-2000:]}{timed.stderr[-3000:]}")
+    return timed
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rank_env(workdir: Path, rank: int, world_size: int, port: int, threads: int = 1) -> dict[str, str]:
+    """torch's ``env://`` variables for one rank (what torchrun exports, without its agent)."""
+    return {
+        **clean_env(workdir, threads),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+
+
+def run_together(commands: list[tuple[list[str], dict[str, str]]], workdir: Path, timeout: float) -> None:
+    """Start every ``(argv, env)`` at once and wait for all; each one's output goes to
+    ``workdir/proc<i>.log``. A watchdog kills them all if any outlives ``timeout`` (a hang
+    fails fast); any non-zero exit is an error carrying the logs."""
+    procs = []
+    for i, (argv, env) in enumerate(commands):
+        with open(workdir / f"proc{i}.log", "w") as log:
+            procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + timeout
+    try:
+        for proc in procs:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait()
+        raise RuntimeError(f"still running after {timeout}s (hang):\n{_logs(workdir, len(procs))}") from None
+    codes = [proc.returncode for proc in procs]
+    if any(codes):
+        raise RuntimeError(f"exit codes {codes}:\n{_logs(workdir, len(procs))}")
+
+
+def launch_ranks(
+    argv: list[str], world_size: int, workdir: Path, timeout: float, threads: int = 1
+) -> list[dict[str, Any]]:
+    """``python *argv`` once per rank; every rank must write ``workdir/result<rank>.json``."""
+    port = free_port()
+    commands = [([sys.executable, *argv], rank_env(workdir, r, world_size, port, threads)) for r in range(world_size)]
+    run_together(commands, workdir, timeout)
+    return [json.loads((workdir / f"result{rank}.json").read_text()) for rank in range(world_size)]
+
+
+def _logs(workdir: Path, count: int) -> str:
+    return "\n".join(
+        f"--- process {i} ---\n{(workdir / f'proc{i}.log').read_text(errors='replace')[-3000:]}" for i in range(count)
+    )
+
+
+def write_rank_result(outdir: Path, rank: int, result: dict[str, Any]) -> None:
+    (outdir / f"result{rank}.json").write_text(json.dumps(result))
+
+
+def disk_write_speed(folder: Path, nbytes: int, block_size: int = 16 << 20) -> float:
+    """Bytes per second of a sequential write of ``nbytes`` into ``folder``, fsync included:
+    this disk's speed right now, the floor for anything that must land on it."""
+    block = os.urandom(block_size)  # incompressible, in case the storage compresses
+    path = folder / "disk_speed.bin"
+    start = time.perf_counter()
+    with open(path, "wb") as handle:
+        for offset in range(0, nbytes, block_size):
+            handle.write(block[: min(block_size, nbytes - offset)])
+        handle.flush()
+        os.fsync(handle.fileno())
+    seconds = time.perf_counter() - start
+    path.unlink()
+    return nbytes / seconds
+
+
+def tree_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())

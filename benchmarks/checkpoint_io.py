@@ -1,0 +1,202 @@
+"""4. Checkpoints: save and resume time of each format on one FSDP(2) model, and sizes.
+
+Two real rank processes assemble an FSDP(2) run of a >=100 M-parameter ACT exactly as
+``lerobot train`` does (``core.run.prepare_run``), take one optimizer step so AdamW
+holds its moments, then save the same state again and again with
+``core.checkpoint.manager.save_checkpoint`` — the call the trainer makes, fsync and
+atomic publish included — rotating the format each time: ``safetensors`` (weights
+gathered to the main process, one file), ``dcp`` (each rank writes its shard) and
+``safetensors_dcp`` (both). The optimizer state is DCP shards in every format, so the
+whole-save ratio understates the weights' difference; the weights alone
+(``CheckpointFormat.save_weights`` + fsync) are timed too, also rotating. Resume is
+``restore_checkpoint`` of each format's checkpoint (just written, so from the page
+cache: it measures the loading code, not the disk).
+
+The ``dcp`` checkpoint is kept for the ``convert_dcp`` and ``startup`` benchmarks.
+Run as a script (``python checkpoint_io.py worker OUTDIR SPEC_JSON``) this module is
+the rank worker.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    Context,
+    Result,
+    Row,
+    disk_write_speed,
+    judge,
+    launch_ranks,
+    paired,
+    tree_bytes,
+    write_rank_result,
+)
+
+NAME = "checkpoints"
+GOAL = ">= 3"
+FORMATS = ["safetensors", "dcp", "safetensors_dcp"]
+# 109 M parameters (437 MB fp32; with AdamW's moments 1.3 GB of state).
+FULL_MODEL = ["--policy.dim_model=1024", "--policy.dim_feedforward=4096", "--policy.n_heads=8",
+              "--policy.n_encoder_layers=4", "--policy.n_decoder_layers=2"]
+SMOKE_MODEL = ["--policy.dim_model=32", "--policy.dim_feedforward=64", "--policy.n_heads=2",
+               "--policy.n_encoder_layers=2", "--policy.n_vae_encoder_layers=1", "--policy.chunk_size=5",
+               "--policy.n_action_steps=5"]
+COMMON = ["--batch_size=2", "--dataset.num_episodes=2", "--dataset.episode_length=30", "--parallelism.dp_shard=2"]
+KEPT = "large_checkpoint.json"  # in the benchmark folder: where the kept dcp checkpoint is
+
+
+# ----------------------------------------------------------------------------- rank worker
+
+
+def _rotated(items: list[str], shift: int) -> list[str]:
+    shift %= len(items)
+    return items[shift:] + items[:shift]
+
+
+def _worker(outdir: Path, spec: dict[str, Any]) -> None:
+    import torch.distributed as dist
+
+    from lerobot_kit.core.checkpoint import atomic, layout
+    from lerobot_kit.core.checkpoint.manager import checkpoint_format, restore_checkpoint, save_checkpoint
+    from lerobot_kit.core.distributed import init_distributed, shutdown
+    from lerobot_kit.core.flags import parse_train_config
+    from lerobot_kit.core.run import prepare_run
+
+    ctx = init_distributed(timeout_s=600)
+    config = parse_train_config([*spec["flags"], f"--output_dir={outdir / 'run'}"])
+    prepared = prepare_run(config, None, ctx)
+    run, parallel = prepared.run, prepared.run.parallel
+    loss, _ = parallel.module(run.preprocessor(next(iter(prepared.loader))))
+    loss.backward()
+    parallel.finish_grad_sync()
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+
+    def timed(action: Any) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        action()
+        dist.barrier()
+        return time.perf_counter() - start
+
+    formats: list[str] = spec["formats"]
+    saves: dict[str, list[float]] = {f: [] for f in formats}
+    weights: dict[str, list[float]] = {f: [] for f in formats}
+    floors: dict[str, list[float]] = {f: [] for f in formats}
+    step = 0
+    for rep in range(spec["reps"]):
+        for fmt in _rotated(formats, rep):
+            step += 1
+            config.checkpoint_format = fmt
+            run.output_dir = outdir / fmt
+            previous = layout.last_checkpoint(run.output_dir)
+            saves[fmt].append(timed(lambda: save_checkpoint(run, step, prepared.position)))
+            if ctx.is_main:
+                if previous is not None:
+                    shutil.rmtree(previous)  # keep the disk to one checkpoint per format
+                # The disk's floor for this save, right after it (the other rank waits in the next barrier).
+                written = tree_bytes(layout.last_checkpoint(run.output_dir))
+                floors[fmt].append(written / disk_write_speed(outdir, written))
+            if not spec["weights"]:
+                continue
+            folder = outdir / "weights" / f"{fmt}{step}"
+            if ctx.is_main:
+                folder.mkdir(parents=True)
+
+            def write_weights(fmt: str = fmt, folder: Path = folder) -> None:
+                checkpoint_format(fmt).save_weights(parallel.model, folder, sharded=True, is_main=ctx.is_main)
+                dist.barrier()
+                if ctx.is_main:
+                    atomic.fsync_tree(folder)
+
+            weights[fmt].append(timed(write_weights))
+            if ctx.is_main:
+                shutil.rmtree(folder)
+    restores: dict[str, list[float]] = {f: [] for f in formats}
+    if spec["restore"]:
+        for rep in range(spec["reps"]):
+            for fmt in _rotated(formats, rep):
+                step_dir = layout.last_checkpoint(outdir / fmt)
+                restores[fmt].append(timed(lambda: restore_checkpoint(run, step_dir)))
+    result: dict[str, Any] = {"save_s": saves, "weights_s": weights, "restore_s": restores, "disk_floor_s": floors}
+    if ctx.is_main:
+        result["params"] = parallel.param_counts()[0]
+        result["sizes"] = {}
+        for fmt in formats:
+            step_dir = layout.last_checkpoint(outdir / fmt)
+            pretrained = step_dir / layout.PRETRAINED_DIR
+            gathered = pretrained / layout.MODEL_WEIGHTS
+            shards = pretrained / layout.DCP_MODEL_DIR
+            result["sizes"][fmt] = {
+                "step_dir": str(step_dir),
+                "total_bytes": tree_bytes(step_dir),
+                "gathered_weights_bytes": gathered.stat().st_size if gathered.is_file() else 0,
+                "dcp_weights_bytes": tree_bytes(shards) if shards.is_dir() else 0,
+            }
+    shutdown(ctx)
+    write_rank_result(outdir, ctx.rank, result)
+
+
+# ----------------------------------------------------------------------------- benchmark
+
+
+def _launch(ctx: Context, folder: Path, formats: list[str], reps: int, weights: bool, restore: bool) -> dict[str, Any]:
+    spec = {"flags": [*ctx.pick(SMOKE_MODEL, FULL_MODEL), *COMMON], "formats": formats, "reps": reps,
+            "weights": weights, "restore": restore}
+    main = launch_ranks([__file__, "worker", str(folder), json.dumps(spec)], 2, folder, timeout=900)[0]
+    (folder / KEPT).write_text(json.dumps({"step_dir": main["sizes"]["dcp"]["step_dir"], "params": main["params"]}))
+    return main
+
+
+def large_checkpoint(ctx: Context) -> tuple[Path, int]:
+    """The FSDP(2) ``dcp`` checkpoint this benchmark keeps (made now if it did not run),
+    and its parameter count."""
+    kept = ctx.workdir / NAME / KEPT
+    if not kept.is_file():
+        _launch(ctx, ctx.folder(NAME), ["dcp"], reps=1, weights=False, restore=False)
+    info = json.loads(kept.read_text())
+    return Path(info["step_dir"]), int(info["params"])
+
+
+def run(ctx: Context) -> Result:
+    main = _launch(ctx, ctx.folder(NAME), FORMATS, reps=ctx.pick(1, 3), weights=True, restore=True)
+    result = Result(details=main)
+    measures = [("save_s", "save (save_checkpoint)", GOAL), ("weights_s", "weights only, fsynced", ""),
+                ("restore_s", "resume (restore_checkpoint)", "")]
+    for key, label, goal in measures:
+        for fmt in ("dcp", "safetensors_dcp"):
+            # Speed-up of ``fmt`` over the gathered file: gathered time / fmt time, per rotation.
+            speedup = paired(main[key]["safetensors"], main[key][fmt])
+            judged = goal if fmt == "dcp" else ""
+            result.rows.append(Row(
+                f"{label}: {fmt} speed-up over safetensors (gathered)", speedup["reference"], speedup["ours"], "s",
+                speedup["ratio"], judged, judge(speedup["ratio"], judged),
+                f"{main['params'] / 1e6:.0f} M params, FSDP(2); ours = {fmt}, reference = gathered",
+            ))
+    for fmt in FORMATS:
+        floor = paired(main["save_s"][fmt], main["disk_floor_s"][fmt])
+        size = main["sizes"][fmt]["total_bytes"]
+        result.rows.append(Row(
+            f"save ({fmt}) vs writing its bytes at disk speed", floor["ours"], floor["reference"], "s",
+            floor["ratio"], note=f"{size / 1e6:.0f} MB, one file + fsync right after each save",
+        ))
+    sizes = main["sizes"]
+    for fmt in ("dcp", "safetensors_dcp"):
+        ours, gathered = sizes[fmt]["total_bytes"], sizes["safetensors"]["total_bytes"]
+        result.rows.append(Row(
+            f"checkpoint size: {fmt} vs safetensors", ours / 1e6, gathered / 1e6, "MB", ours / gathered,
+            note="whole step folder (weights + optimizer + training state)",
+        ))
+    return result
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["worker"]:
+        sys.exit("usage: python checkpoint_io.py worker OUTDIR SPEC_JSON (started by benchmarks/run.py)")
+    _worker(Path(sys.argv[2]), json.loads(sys.argv[3]))

@@ -1,0 +1,141 @@
+"""Run the benchmarks, print one table, write one JSON file.
+
+    python benchmarks/run.py [--smoke] [--only NAME,...] [--json out.json] [--workdir DIR]
+
+Every figure is a ratio of ours to a reference measured side by side in this run, so
+that a noisy machine moves both sides together. ``--smoke`` runs the same code paths
+at toy sizes in about a minute (the test suite runs it so the benchmarks never
+rot); without it the run takes about five minutes on two CPU cores (under ten).
+
+Each process of the benchmarks, this one included, runs torch with one thread (as the
+test suite launches ranks): on a shared two-core machine, OpenMP's spinning worker
+threads make two-thread timings swing tenfold with other people's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import Context, Result, Row  # noqa: E402
+
+# Order matters: `checkpoints` leaves the large checkpoint that `convert_dcp` and `startup` reuse.
+MODULES = {
+    "loop_overhead": "loop_overhead",
+    "memory": "memory_per_rank",
+    "dist_overhead": "dist_overhead",
+    "checkpoints": "checkpoint_io",
+    "convert_dcp": "convert_dcp",
+    "startup": "startup",
+    "data": "data_throughput",
+}
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="toy sizes: seconds, same code paths")
+    parser.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(MODULES)}")
+    parser.add_argument("--json", default="benchmarks.json", help="where to write the results (default %(default)s)")
+    parser.add_argument("--workdir", default=None, help="scratch folder (default: a temporary one, deleted)")
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.only.split(",") if n and n not in MODULES]
+    if unknown:
+        parser.error(f"--only: unknown benchmark {', '.join(unknown)}; choose from {', '.join(MODULES)}")
+    return args
+
+
+def _machine() -> dict[str, Any]:
+    import torch
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "load_average_start": os.getloadavg(),
+    }
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value == 0 or 0.01 <= abs(value) < 100_000:
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return f"{value:.3g}"
+
+
+def table(rows: list[tuple[str, Row]]) -> str:
+    header = ("benchmark", "measure", "ours", "reference", "unit", "ratio", "goal", "met")
+    lines = [header]
+    for bench, row in rows:
+        met = {True: "yes", False: "NO", None: "-"}[row.met]
+        lines.append((bench, row.name, _fmt(row.ours), _fmt(row.reference), row.unit, _fmt(row.ratio),
+                      row.goal or "reported", met))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    out = [" | ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines]
+    out.insert(1, "-+-".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def main(argv: list[str]) -> int:
+    args = _parse(argv)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+    selected = [n for n in MODULES if not args.only or n in args.only.split(",")]
+    scratch = tempfile.TemporaryDirectory(prefix="lerobot-bench-") if args.workdir is None else None
+    workdir = Path(args.workdir or scratch.name).resolve()  # type: ignore[union-attr]
+    workdir.mkdir(parents=True, exist_ok=True)
+    ctx = Context(smoke=args.smoke, workdir=workdir)
+    report: dict[str, Any] = {
+        "command": " ".join(["python benchmarks/run.py", *argv]),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "smoke": args.smoke,
+        "machine": _machine(),
+        "benchmarks": {},
+    }
+    rows: list[tuple[str, Row]] = []
+    failed = False
+    for name in selected:
+        print(f"[{name}] running...", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        try:
+            result: Result = importlib.import_module(MODULES[name]).run(ctx)
+            error = None
+        except Exception:  # noqa: BLE001 - one broken benchmark must not hide the others' numbers
+            result, error, failed = Result(), traceback.format_exc(), True
+            print(error, file=sys.stderr)
+        seconds = time.perf_counter() - start
+        print(f"[{name}] {seconds:.1f}s", file=sys.stderr, flush=True)
+        report["benchmarks"][name] = {
+            "seconds": round(seconds, 2),
+            "error": error,
+            "rows": [r.to_json() for r in result.rows],
+            "details": result.details,
+        }
+        rows += [(name, r) for r in result.rows]
+    report["machine"]["load_average_end"] = os.getloadavg()
+    Path(args.json).write_text(json.dumps(report, indent=2))
+    print(table(rows))
+    print(f"\nresults: {args.json}", file=sys.stderr)
+    if scratch is not None:
+        scratch.cleanup()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

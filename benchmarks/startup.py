@@ -1,0 +1,93 @@
+"""6. Start-up: ``lerobot --help``, ``lerobot inspect-checkpoint`` on the >=100 M checkpoint,
+and the time to the first step of ``lerobot train``.
+
+Wall time of the real console commands, from spawn to exit, alternating with the
+floor any Python command pays: ``python -c pass`` on the same interpreter. The goal
+(under 0.5 s) is on the commands' own wall time; the ratio to the floor shows how
+much of it is ours. Time to first step runs ``lerobot train --steps=1 --log_freq=1``
+until its ``step 1/1`` line appears, against ``python -c "import torch"``, which any
+training command pays (reported, not judged).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable
+
+from _common import Context, Result, Row, clean_env, console_script, judge, paired, run_timed
+from checkpoint_io import large_checkpoint
+
+NAME = "startup"
+GOAL = "< 0.5"
+
+
+def time_to_line(argv: list[str], env: dict[str, str], marker: str, timeout: float) -> float:
+    """Seconds from spawn until a line containing ``marker`` is printed (stdout or stderr)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    watchdog = threading.Timer(timeout, proc.kill)
+    watchdog.start()
+    seen, lines = None, []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if seen is None and marker in line:
+                seen = time.perf_counter() - start
+        proc.wait()
+    finally:
+        watchdog.cancel()
+    if proc.returncode != 0 or seen is None:
+        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode} without {marker!r}:\n{''.join(lines)[-3000:]}")
+    return seen
+
+
+def _rotating(reps: int, measures: dict[str, Callable[[], float]]) -> dict[str, list[float]]:
+    names = list(measures)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for rep in range(reps):
+        for name in names[rep % len(names):] + names[: rep % len(names)]:
+            times[name].append(measures[name]())
+    return times
+
+
+def run(ctx: Context) -> Result:
+    step_dir, params = large_checkpoint(ctx)
+    env = clean_env(ctx.workdir)
+    lerobot = console_script("lerobot")
+
+    def wall(argv: list[str]) -> Callable[[], float]:
+        return lambda: run_timed(argv, env, timeout=120).seconds
+
+    times = _rotating(ctx.pick(1, 7), {
+        "python": wall([sys.executable, "-c", "pass"]),
+        "help": wall([lerobot, "--help"]),
+        "inspect": wall([lerobot, "inspect-checkpoint", str(step_dir)]),
+    })
+    result = Result(details={"wall_s": times, "checkpoint_params": params})
+    for name, label in (("help", "lerobot --help"), ("inspect", f"lerobot inspect-checkpoint ({params / 1e6:.0f} M)")):
+        stats = paired(times[name], times["python"])
+        result.rows.append(Row(
+            f"{label} wall time vs python -c pass", stats["ours"], stats["reference"], "s", stats["ratio"],
+            f"{GOAL} s", judge(stats["ours"], GOAL), "goal on ours (absolute)",
+        ))
+
+    runs = iter(range(100))
+    folder = ctx.folder(NAME)
+
+    def first_step() -> float:
+        argv = [console_script("lerobot-train"), "--steps=1", "--log_freq=1", "--save_checkpoint=false",
+                f"--output_dir={folder / f'run{next(runs)}'}"]
+        return time_to_line(argv, env, "step 1/1", timeout=300)
+
+    train = _rotating(ctx.pick(1, 3), {"train": first_step, "torch": wall([sys.executable, "-c", "import torch"])})
+    result.details["first_step_s"] = train
+    stats = paired(train["train"], train["torch"])
+    result.rows.append(Row(
+        "lerobot train time to first step vs python -c 'import torch'", stats["ours"], stats["reference"], "s",
+        stats["ratio"], note="default ACT and data",
+    ))
+    return result
