@@ -7,7 +7,7 @@ import sys
 import click
 
 from lerobot_kit.cli.errors import user_errors
-from lerobot_kit.core.errors import LerobotError
+from lerobot_kit.core.errors import LerobotError, first_line
 
 
 def _selected_type(args: list[str], section: str, default: str) -> str:
@@ -43,15 +43,10 @@ def run_train(args: list[str]) -> None:
         except Exception as exc:
             if _collective_failure(exc):
                 raise LerobotError(
-                    f"a collective operation failed, so another process died or hung ({_first_line(exc)}); "
+                    f"a collective operation failed, so another process died or hung ({first_line(exc)}); "
                     "see the first failing rank's log above. --parallelism.timeout_s bounds the wait"
                 ) from exc
             raise
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0][:300] if lines else type(exc).__name__
 
 
 def _collective_failure(exc: BaseException) -> bool:

@@ -14,6 +14,12 @@ class LerobotError(Exception):
     exit_code = 1
 
 
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's message: enough to say what failed in one line."""
+    lines = str(exc).strip().splitlines()
+    return lines[0][:limit] if lines else type(exc).__name__
+
+
 class ConfigError(LerobotError):
     """Bad flags or config file (click's usage-error exit code)."""
 

@@ -14,7 +14,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from lerobot_kit.core.accelerate_guard import check_accelerate_env
@@ -25,7 +24,7 @@ from lerobot_kit.core.components import RunComponents
 from lerobot_kit.core.config import TrainConfig
 from lerobot_kit.core.dataset import DatasetMeta
 from lerobot_kit.core.data import DataPosition, ResumableBatchSampler
-from lerobot_kit.core.distributed import DistContext, broadcast_object, init_distributed, shutdown
+from lerobot_kit.core.distributed import DistContext, barrier, broadcast_object, init_distributed, shutdown
 from lerobot_kit.core.errors import CheckpointError, ConfigError
 from lerobot_kit.core.optim import build_optimizer, build_scheduler
 from lerobot_kit.core.parallelize import Parallelized, parallelize
@@ -196,8 +195,7 @@ def _train(config: TrainConfig, config_path: str | None, ctx: DistContext) -> Tr
         for line in format_banner(run, prepared.dataset_len, prepared.start_step):
             logger.info(line)
     tracker = make_tracker(config, ctx, run.output_dir)
-    if ctx.distributed:
-        dist.barrier()
+    barrier(ctx)
     trainer = Trainer(run, iter(prepared.loader), prepared.sampler, prepared.start_step, prepared.position, tracker)
     try:
         result = trainer.fit()

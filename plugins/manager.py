@@ -16,6 +16,7 @@ from typing import Any
 import pluggy
 
 from lerobot_kit.core.errors import PluginError
+from lerobot_kit.core.version import package_version
 from lerobot_kit.plugins import hookspecs
 
 ENTRY_POINT_GROUP = "lerobot_kit"
@@ -94,13 +95,6 @@ def _disabled() -> set[str]:
     return {n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()}
 
 
-def _own_version() -> str:
-    try:
-        return metadata.version("lerobot-kit")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
-
-
 def _load_plugins(pm: pluggy.PluginManager) -> dict[str, PluginInfo]:
     blocked = _disabled()
     infos: dict[str, PluginInfo] = {}
@@ -108,7 +102,7 @@ def _load_plugins(pm: pluggy.PluginManager) -> dict[str, PluginInfo]:
         if name in blocked:
             continue
         pm.register(importlib.import_module(module_name), name=name)
-        infos[name] = PluginInfo(name, "lerobot-kit", _own_version(), builtin=True)
+        infos[name] = PluginInfo(name, "lerobot-kit", package_version(), builtin=True)
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         if ep.name in blocked:
             continue

@@ -11,11 +11,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from lerobot_kit.core.checkpoint import layout
-from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.core.checkpoint.training_state import read_safetensors
+from lerobot_kit.core.errors import CheckpointError, first_line
 from lerobot_kit.core.peft import is_peft_model, to_model_keys, to_saved_keys
 
 
@@ -91,7 +91,7 @@ def load_any_weights(model: nn.Module, pretrained_dir: Path, *, distributed: boo
         try:
             dcp.load(state, checkpoint_id=str(shards))
         except Exception as exc:  # noqa: BLE001 - DCP raises many types for damaged shards
-            raise CheckpointError(f"{shards}: cannot load the weight shards ({_first_line(exc)})") from exc
+            raise CheckpointError(f"{shards}: cannot load the weight shards ({first_line(exc)})") from exc
         if peft:
             state = to_model_keys(model, state, shards)
         set_model_state_dict(model, state, options=StateDictOptions(strict=not peft))
@@ -111,17 +111,3 @@ def load_any_weights(model: nn.Module, pretrained_dir: Path, *, distributed: boo
             raise CheckpointError(
                 f"{gathered}: does not match the policy (missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})"
             )
-
-
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(str(path))
-    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
-        raise CheckpointError(f"{path}: unreadable ({_first_line(exc)}); the file is corrupt or truncated") from exc
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

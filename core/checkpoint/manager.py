@@ -29,6 +29,7 @@ from lerobot_kit.core.checkpoint.training_state import (
 )
 from lerobot_kit.core.components import RunComponents
 from lerobot_kit.core.data import DataPosition
+from lerobot_kit.core.distributed import barrier
 from lerobot_kit.core.errors import CheckpointError
 from lerobot_kit.core.optim import load_scheduler_state, scheduler_state
 from lerobot_kit.core.version import package_version
@@ -42,11 +43,6 @@ def checkpoint_format(name: str) -> CheckpointFormat:
     return get_registry().get("checkpoint_format", name).load()()
 
 
-def _barrier(run: RunComponents) -> None:
-    if run.ctx.distributed:
-        dist.barrier()
-
-
 def save_checkpoint(run: RunComponents, step: int, position: DataPosition) -> Path | None:
     """Collective: every rank must call it at the same step. Returns the folder on the main process."""
     from lerobot_kit.core.policy import save_pretrained
@@ -55,7 +51,7 @@ def save_checkpoint(run: RunComponents, step: int, position: DataPosition) -> Pa
     tmp = atomic.temp_step_dir(run.output_dir, step)
     if ctx.is_main:
         atomic.prepare_temp_dir(run.output_dir, step)
-    _barrier(run)
+    barrier(run.ctx)
     pretrained, state_dir = tmp / layout.PRETRAINED_DIR, tmp / layout.TRAINING_STATE_DIR
     model = run.parallel.model
     weights = checkpoint_format(config.checkpoint_format).save_weights(
@@ -71,9 +67,9 @@ def save_checkpoint(run: RunComponents, step: int, position: DataPosition) -> Pa
         if run.scaler is not None:
             write_json(state_dir / layout.SCALER_STATE, run.scaler.state_dict())
         write_json(state_dir / layout.TRAINING_STEP, _training_step(run, step, position, weights, optimizer_kind))
-    _barrier(run)
+    barrier(run.ctx)
     final = atomic.publish(run.output_dir, step) if ctx.is_main else None
-    _barrier(run)
+    barrier(run.ctx)
     return final
 
 

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lerobot_kit.core.checkpoint import layout
-from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.core.errors import CheckpointError, first_line
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -45,14 +45,18 @@ def save_full_optimizer(state: dict[str, Any], directory: Path) -> None:
     write_json(directory / layout.OPTIMIZER_PARAM_GROUPS, groups)
 
 
-def load_full_optimizer(directory: Path) -> dict[str, Any]:
-    path = directory / layout.OPTIMIZER_STATE
+def read_safetensors(path: Path, missing: str = "the checkpoint is incomplete") -> dict[str, torch.Tensor]:
+    """A checkpoint's safetensors file, or one CheckpointError line saying what is wrong with it."""
     try:
-        tensors = load_file(str(path))
+        return load_file(str(path))
     except FileNotFoundError as exc:
-        raise CheckpointError(f"{path}: missing; the checkpoint holds no optimizer state") from exc
+        raise CheckpointError(f"{path}: missing; {missing}") from exc
     except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
-        raise CheckpointError(f"{path}: unreadable ({exc}); the file is corrupt or truncated") from exc
+        raise CheckpointError(f"{path}: unreadable ({first_line(exc)}); the file is corrupt or truncated") from exc
+
+
+def load_full_optimizer(directory: Path) -> dict[str, Any]:
+    tensors = read_safetensors(directory / layout.OPTIMIZER_STATE, missing="the checkpoint holds no optimizer state")
     state: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in tensors.items():
         fqn, _, key = name.removeprefix("state.").rpartition(".")
@@ -101,13 +105,7 @@ def save_rng(per_rank: list[dict[str, torch.Tensor]], directory: Path) -> None:
 
 def load_rng(directory: Path, rank: int) -> dict[str, torch.Tensor] | None:
     """The RNG state saved by ``rank`` (or None when that rank did not exist then)."""
-    path = directory / layout.RNG_STATE
-    try:
-        flat = load_file(str(path))
-    except FileNotFoundError as exc:
-        raise CheckpointError(f"{path}: missing; the checkpoint is incomplete") from exc
-    except Exception as exc:  # noqa: BLE001
-        raise CheckpointError(f"{path}: unreadable ({exc}); the file is corrupt or truncated") from exc
+    flat = read_safetensors(directory / layout.RNG_STATE)
     prefix = f"rank{rank}."
     mine = {k.removeprefix(prefix): v for k, v in flat.items() if k.startswith(prefix)}
     return mine or None
