@@ -4,7 +4,8 @@ The input is the FSDP(2) ``dcp`` checkpoint of the ``checkpoints`` benchmark (>=
 parameters). Alternating, this benchmark (a) writes a file of the same size to the
 same folder in 16 MiB blocks and fsyncs it — the disk's sequential write speed now —
 and (b) runs the real console command ``lerobot convert-dcp --overwrite=true`` whose
-own report gives bytes and seconds (write, fsync, read-back verification, rename).
+own report gives bytes and seconds (write, fsync, read-back verification from the
+disk, rename).
 The goal is at least half the disk's speed.
 
 Memory: the command's peak RSS (its ``VmHWM``, sampled) minus the peak RSS of an

@@ -27,6 +27,8 @@ from safetensors.torch import load_file, save_file
 from conftest import BIN, run_cli
 from fake_hub import hub_env, serve_fake_hub, unreachable_endpoint
 from lerobot_kit.core.checkpoint.convert import convert_dcp
+from lerobot_kit.core.checkpoint.dcp_chunks import row_blocks
+from lerobot_kit.core.checkpoint.dcp_metadata import read_dcp_metadata, tensor_entries
 from lerobot_kit.core.checkpoint.layout import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -67,6 +69,7 @@ def _save_fsdp_checkpoint(out: Path) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
     dist.init_process_group("gloo")
     torch.manual_seed(0)
@@ -85,6 +88,14 @@ def _save_fsdp_checkpoint(out: Path) -> None:
     assert any(type(v).__name__ == "DTensor" for v in sharded.values())
     dcp.save(sharded, checkpoint_id=pretrained / DCP_MODEL_DIR)
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # The same weights split by columns (as tensor parallelism would): chunks that are not
+    # runs of whole rows, so the converter must assemble each tensor before writing it.
+    whole = {name: v.full_tensor() if isinstance(v, DTensor) else v for name, v in sharded.items()}
+    columns = {
+        name: distribute_tensor(value, mesh, [Shard(1) if value.dim() == 2 else Replicate()])
+        for name, value in whole.items()
+    }
+    dcp.save(columns, checkpoint_id=out / "columns" / STEP / PRETRAINED_DIR / DCP_MODEL_DIR)
     if dist.get_rank() == 0:
         (pretrained / POLICY_CONFIG).write_text(json.dumps({"type": "tiny"}))
         save_file(full, str(out / "reference.safetensors"), metadata={"format": "pt"})
@@ -158,6 +169,14 @@ def test_fsdp_shards_merge_bit_identical_to_gathered_weights(fsdp_run, step_dir,
     assert result.nbytes == sum(t.numel() * t.element_size() for t in reference.values())
     assert (step_dir / PRETRAINED_DIR / DCP_MODEL_DIR).is_dir()  # kept without --delete_dcp
     assert _leftovers(step_dir / PRETRAINED_DIR) == [MODEL_WEIGHTS]
+
+
+def test_column_shards_are_assembled_bit_identical(fsdp_run, tmp_path):
+    step_dir = Path(shutil.copytree(fsdp_run / "columns" / STEP, tmp_path / STEP))
+    stored = tensor_entries(read_dcp_metadata(step_dir / PRETRAINED_DIR / DCP_MODEL_DIR))
+    assert row_blocks(stored["embed.weight"]) is None and row_blocks(stored["head.bias"]) is not None
+    result = convert_dcp(step_dir)
+    _assert_bit_identical(load_file(result.output), load_file(fsdp_run / "reference.safetensors"))
 
 
 def test_mixed_dtypes_and_odd_values_stay_bit_identical(tmp_path):
@@ -419,7 +438,8 @@ print(baseline, status("VmHWM"), result.nbytes)
 
 
 def test_peak_memory_stays_near_the_largest_tensor(tmp_path):
-    """~200 MB of weights in four 50 MB tensors: converting must not hold the model."""
+    """~200 MB of weights in four 50 MB one-chunk tensors: converting holds one chunk at a
+    time (plus a small read-back block), never the model; the benchmark's goal is 2x."""
     pretrained = tmp_path / STEP / PRETRAINED_DIR
     largest = 50 * 2**20
     _save_no_dist(pretrained, {f"blocks.{i}.weight": torch.full((largest // 4,), i + 0.5) for i in range(4)})
@@ -428,4 +448,4 @@ def test_peak_memory_stays_near_the_largest_tensor(tmp_path):
     assert proc.returncode == 0, proc.stderr
     baseline, peak, nbytes = map(int, proc.stdout.split())
     assert nbytes == 4 * largest
-    assert peak - baseline < 2.5 * largest, f"peak {peak / 2**20:.0f} MiB over a {baseline / 2**20:.0f} MiB baseline"
+    assert peak - baseline < 1.5 * largest, f"peak {peak / 2**20:.0f} MiB over a {baseline / 2**20:.0f} MiB baseline"

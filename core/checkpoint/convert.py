@@ -1,17 +1,15 @@
 """``convert-dcp``: merge the DCP weight shards of a checkpoint into one safetensors file.
 
 Runs offline in one process: no process group, no GPU. The model never sits in memory
-at once: tensors are read from the shards a few at a time (at most the size of the
-largest tensor per batch) and appended to a safetensors file whose header is computed
-up front from the DCP metadata — the ``safetensors`` package only writes a whole dict
-at once, which would cost the full model in RAM. Peak memory is therefore about twice
-the largest tensor (one batch plus one shard chunk being decoded, or plus one tensor
-re-read while verifying).
+at once: each shard chunk is decoded alone and appended to a safetensors file whose header
+is computed up front from the DCP metadata — the ``safetensors`` package only writes a
+whole dict at once, which would cost the full model in RAM. Peak memory is one chunk for
+FSDP's row shards (one tensor plus one chunk for any other split).
 
-The output is written under a temporary name, fsynced, re-read and compared bit for bit
-with a second read of the shards, and only then renamed into place; shards are deleted
-(``delete_dcp``) only after that rename. A crash or a failed check leaves no output file
-and the shards untouched.
+The output is written under a temporary name with a CRC-32 per tensor, fsynced, dropped
+from the page cache and read back from the disk against those checksums, and only then
+renamed into place; shards are deleted (``delete_dcp``) only after that rename. A crash
+or a failed check leaves no output file and the shards untouched.
 
 PEFT checkpoints (``adapter_config.json`` next to the shards) become
 ``adapter_model.safetensors``. Keys are copied as they are: the PEFT saver writes shard
@@ -19,8 +17,8 @@ keys already in PEFT's own naming (adapter name stripped, as
 ``peft.get_peft_model_state_dict`` returns them), so no renaming happens here.
 
 ``.metadata`` is a pickle: it is read by ``dcp_metadata``'s restricted unpickler (no code
-from the checkpoint runs), checked against the shard files, then handed to torch's own
-``FileSystemReader`` as torch metadata objects, so torch never unpickles it itself.
+from the checkpoint runs) and checked against the shard files; chunks are decoded by
+``dcp_chunks`` with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -31,27 +29,16 @@ import os
 import shutil
 import struct
 import time
-import warnings
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.metadata import (
-    ChunkStorageMetadata,
-    Metadata,
-    MetadataIndex,
-    TensorProperties,
-    TensorStorageMetadata,
-)
 
 from lerobot_kit.core.checkpoint import dcp_metadata
+from lerobot_kit.core.checkpoint.dcp_chunks import ChunkReader, row_blocks
 from lerobot_kit.core.checkpoint.atomic import fsync_dir
 from lerobot_kit.core.checkpoint.safetensors_header import METADATA_KEY, read_safetensors_header, tensors
 from lerobot_kit.core.checkpoint.layout import (
@@ -91,43 +78,35 @@ _SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
 }
 
 
-def _torch_metadata(dcp_dir: Path, safe: dcp_metadata.Metadata) -> Metadata:
-    """The safely read stand-in metadata as torch's own classes, for torch's DCP reader,
-    after refusing what cannot become a safetensors file."""
-    problems = dcp_metadata.check_dcp_shards(dcp_dir, safe)
-    if problems:
-        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
-        raise CheckpointError(f"partial or damaged shard folder, cannot convert: {problems[0]}{more}")
-    entries: dict[str, TensorStorageMetadata] = {}
-    for name, entry in safe.state_dict_metadata.items():
-        if not isinstance(entry, dcp_metadata.TensorStorageMetadata):
-            raise CheckpointError(f"{dcp_dir}: entry {name!r} is not a tensor; safetensors can hold only tensors")
-        dtype = getattr(torch, entry.properties.dtype.name, None)
-        if dtype not in _SAFETENSORS_DTYPES:
-            raise CheckpointError(
-                f"{dcp_dir}: tensor {name!r} has dtype {entry.properties.dtype}, which safetensors cannot store"
-            )
-        entries[name] = TensorStorageMetadata(
-            properties=TensorProperties(dtype=dtype),
-            size=torch.Size(entry.size),
-            chunks=[ChunkStorageMetadata(torch.Size(c.offsets), torch.Size(c.sizes)) for c in entry.chunks],
-        )
-    assert safe.storage_data is not None  # read_dcp_metadata checked it
-    storage = {
-        MetadataIndex(index.fqn, None if index.offset is None else torch.Size(index.offset), index.index): _StorageInfo(
-            info.relative_path, info.offset, info.length, getattr(info, "transform_descriptors", None)
-        )
-        for index, info in safe.storage_data.items()
-    }
-    return Metadata(state_dict_metadata=entries, storage_data=storage)
-
-
 @dataclass(frozen=True)
 class _Entry:
     name: str
     dtype: torch.dtype
     shape: tuple[int, ...]
     nbytes: int
+    stored: dcp_metadata.TensorStorageMetadata
+
+
+def _entries(dcp_dir: Path, metadata: dcp_metadata.Metadata) -> list[_Entry]:
+    """The tensors to write, in safetensors' own order (widest dtype first, then by name,
+    which keeps every tensor aligned to its element size in the file), after refusing
+    what cannot become a safetensors file."""
+    problems = dcp_metadata.check_dcp_shards(dcp_dir, metadata)
+    if problems:
+        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        raise CheckpointError(f"partial or damaged shard folder, cannot convert: {problems[0]}{more}")
+    entries = []
+    for name, entry in metadata.state_dict_metadata.items():
+        if not isinstance(entry, dcp_metadata.TensorStorageMetadata):
+            raise CheckpointError(f"{dcp_dir}: entry {name!r} is not a tensor; safetensors can hold only tensors")
+        dtype = getattr(torch, entry.properties.dtype.name, None)
+        if not isinstance(dtype, torch.dtype) or dtype not in _SAFETENSORS_DTYPES:
+            raise CheckpointError(
+                f"{dcp_dir}: tensor {name!r} has dtype {entry.properties.dtype}, which safetensors cannot store"
+            )
+        shape = tuple(entry.size)
+        entries.append(_Entry(name, dtype, shape, math.prod(shape) * dtype.itemsize, entry))
+    return sorted(entries, key=lambda e: (-e.dtype.itemsize, e.name))
 
 
 @dataclass(frozen=True)
@@ -147,6 +126,9 @@ class ConvertResult:
             f"({rate:.1f} MB/s)" + ("; DCP shards deleted" if self.deleted_dcp else "")
         )
 
+
+_VERIFY_BLOCK = 8 << 20
+"""Bytes read back per ``readinto`` while verifying."""
 
 Progress = Callable[[str, int, int], None]
 """``(phase, bytes_done, bytes_total)``; phase is "write" or "verify"."""
@@ -188,13 +170,13 @@ def convert_dcp(
     if output.exists() and not overwrite:
         raise CheckpointError(f"{output} already exists; pass --overwrite=true to replace it")
 
-    metadata = _torch_metadata(dcp_dir, dcp_metadata.read_dcp_metadata(dcp_dir))
-    entries = _entries(metadata)
-    reader = _CachedMetadataReader(dcp_dir, metadata)
+    metadata = dcp_metadata.read_dcp_metadata(dcp_dir)
+    entries = _entries(dcp_dir, metadata)
     tmp = output.with_name(output.name + TMP_SUFFIX)
     try:
-        _write(tmp, entries, reader, progress)
-        _verify(tmp, entries, reader, progress)
+        with ChunkReader(dcp_dir, metadata) as reader:
+            checksums = _write(tmp, entries, reader, progress)
+        _verify(tmp, entries, checksums, progress)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -218,18 +200,6 @@ def convert_dcp(
     )
 
 
-def _entries(metadata: Metadata) -> list[_Entry]:
-    """Tensors in safetensors' own order: widest dtype first, then by name, which keeps
-    every tensor aligned to its element size in the file."""
-    entries = []
-    for name, entry in metadata.state_dict_metadata.items():
-        assert isinstance(entry, TensorStorageMetadata)  # _torch_metadata refused the rest
-        dtype = entry.properties.dtype
-        shape = tuple(entry.size)
-        entries.append(_Entry(name, dtype, shape, math.prod(shape) * dtype.itemsize))
-    return sorted(entries, key=lambda e: (-e.dtype.itemsize, e.name))
-
-
 def _header(entries: list[_Entry]) -> bytes:
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
@@ -245,33 +215,76 @@ def _header(entries: list[_Entry]) -> bytes:
     return struct.pack("<Q", len(text)) + text
 
 
-def _write(tmp: Path, entries: list[_Entry], reader: _CachedMetadataReader, progress: Progress | None) -> None:
+def _write(tmp: Path, entries: list[_Entry], reader: ChunkReader, progress: Progress | None) -> list[int]:
+    """Append every tensor's bytes to ``tmp`` after the header, fsync it, and return a
+    CRC-32 per tensor of the bytes handed to the disk.
+
+    A tensor whose chunks are whole-row runs (FSDP's dim-0 shards) is written chunk by
+    chunk as each is decoded, so no tensor-sized buffer exists; any other split is
+    assembled into one tensor first. Peak memory: one chunk, or one tensor plus one chunk.
+    """
     total = sum(e.nbytes for e in entries)
+    checksums: list[int] = []
     done = 0
-    with tmp.open("wb") as file:
-        file.write(_header(entries))
-        for batch in _load_batches(entries, reader):
-            for e in batch:
-                tensor = batch[e]
-                file.write(memoryview(_as_bytes(tensor).numpy()))
-                done += e.nbytes
-            del tensor
-            batch.clear()  # before the next batch loads, not after
+    with tmp.open("wb", buffering=0) as file:
+        _write_all(file, memoryview(_header(entries)))
+        for e in entries:
+            checksum = 0
+            for piece in _pieces(e, reader):
+                data = memoryview(_as_bytes(piece).numpy())
+                checksum = zlib.crc32(data, checksum)
+                _write_all(file, data)
+                del piece, data
+            checksums.append(checksum)
+            done += e.nbytes
             if progress:
                 progress("write", done, total)
-        file.flush()
         os.fsync(file.fileno())
+        _drop_cached_pages(file.fileno())
+    return checksums
 
 
-def _verify(tmp: Path, entries: list[_Entry], reader: _CachedMetadataReader, progress: Progress | None) -> None:
-    """Re-read both sides and compare bytes (not values: NaN != NaN, and -0.0 == 0.0).
+def _pieces(e: _Entry, reader: ChunkReader) -> Iterator[torch.Tensor]:
+    """The tensor's data in file order: its row chunks one by one, or the assembled whole."""
+    blocks = row_blocks(e.stored)
+    if blocks is not None:
+        for chunk in blocks:
+            yield reader.read(e.name, chunk, e.dtype)
+        return
+    whole = torch.empty(e.shape, dtype=e.dtype)
+    for chunk, data in reader.chunks(e.name, e.stored, e.dtype):
+        whole[tuple(slice(o, o + n) for o, n in zip(chunk.offsets, chunk.sizes, strict=True))].copy_(data)
+        del data
+    yield whole
 
-    safetensors maps the file and the pages a comparison touches stay in this process's
-    RSS until the file is closed, so it is reopened per batch to keep the peak at one
-    batch of shard tensors plus one batch of file pages.
-    """
-    from safetensors import safe_open
 
+def _verify(tmp: Path, entries: list[_Entry], checksums: list[int], progress: Progress | None) -> None:
+    """Read the file back from the disk (its pages were dropped from the cache after the
+    fsync) and match each tensor's bytes against the CRC taken while writing; the header
+    must list exactly the shards' tensors."""
+    _check_header(tmp, entries)
+    total = sum(e.nbytes for e in entries)
+    block = memoryview(bytearray(min(_VERIFY_BLOCK, max((e.nbytes for e in entries), default=0))))
+    done = 0
+    with tmp.open("rb", buffering=0) as file:
+        file.seek(len(_header(entries)))
+        for e, expected in zip(entries, checksums, strict=True):
+            checksum, left = 0, e.nbytes
+            while left:
+                got = _read_exactly(file, block[: min(left, len(block))])
+                if not got:
+                    break
+                checksum = zlib.crc32(block[:got], checksum)
+                left -= got
+            if left or checksum != expected:
+                raise CheckpointError(f"{tmp}: {e.name} reads back different from the shards; disk or memory fault?")
+            done += e.nbytes
+            if progress:
+                progress("verify", done, total)
+
+
+def _check_header(tmp: Path, entries: list[_Entry]) -> None:
+    """The written header must list exactly the shards' tensors, as torch's format."""
     header = read_safetensors_header(tmp)
     listed = {name: (entry["dtype"], tuple(entry["shape"])) for name, entry in tensors(header).items()}
     expected = {e.name: (_SAFETENSORS_DTYPES[e.dtype], e.shape) for e in entries}
@@ -284,75 +297,32 @@ def _verify(tmp: Path, entries: list[_Entry], reader: _CachedMetadataReader, pro
     if header.get(METADATA_KEY) != {"format": "pt"}:
         raise CheckpointError(f"{tmp}: the file just written lacks safetensors' torch format tag")
 
-    total = sum(e.nbytes for e in entries)
-    done = 0
-    for batch in _load_batches(entries, reader):
-        with safe_open(str(tmp), framework="pt") as file:
-            for e in batch:
-                written = file.get_tensor(e.name)
-                same = written.dtype == e.dtype and torch.equal(_as_bytes(written), _as_bytes(batch[e]))
-                del written
-                if not same:
-                    raise CheckpointError(
-                        f"{tmp}: {e.name} reads back different from the shards; disk or memory fault?"
-                    )
-                done += e.nbytes
-        batch.clear()
-        if progress:
-            progress("verify", done, total)
+
+def _drop_cached_pages(fd: int) -> None:
+    """Ask the kernel to forget the (already fsynced, so clean) pages of ``fd``, so that
+    reading them back tests the disk rather than memory. Advisory: a no-op where the
+    platform lacks it."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is not None:
+        advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
-def _load_batches(entries: list[_Entry], reader: _CachedMetadataReader) -> Iterator[dict[_Entry, torch.Tensor]]:
-    """Consecutive entries loaded from the shards, at most one largest tensor's bytes at a
-    time (one tensor per ``dcp.load`` would make many small tensors slow)."""
-    budget = max((e.nbytes for e in entries), default=0)
-    batch: list[_Entry] = []
-    size = 0
-    for e in entries:
-        if batch and size + e.nbytes > budget:
-            yield _load(batch, reader)
-            batch, size = [], 0
-        batch.append(e)
-        size += e.nbytes
-    if batch:
-        yield _load(batch, reader)
+def _read_exactly(file: Any, into: memoryview) -> int:
+    """``readinto`` until ``into`` is full or the file ends; the bytes read."""
+    filled = 0
+    while filled < len(into):
+        got = file.readinto(into[filled:])
+        if not got:
+            break
+        filled += got
+    return filled
 
 
-def _load(batch: list[_Entry], reader: _CachedMetadataReader) -> dict[_Entry, torch.Tensor]:
-    state = {e.name: torch.empty(e.shape, dtype=e.dtype) for e in batch}
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
-            dcp.load(state, storage_reader=reader, planner=DefaultLoadPlanner(flatten_state_dict=False), no_dist=True)
-    except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
-        root = next(iter(exc.failures.values()))[0] if isinstance(exc, CheckpointException) else exc
-        names = ", ".join(e.name for e in batch[:3]) + (", ..." if len(batch) > 3 else "")
-        raise CheckpointError(
-            f"{reader.path}: cannot read {names} from the shards, corrupt shard file? ({_one_line(root)})"
-        ) from exc
-    return {e: state[e.name] for e in batch}
-
-
-class _CachedMetadataReader(FileSystemReader):
-    """A FileSystemReader that reuses the metadata already read safely, instead of
-    unpickling it unrestricted once per ``dcp.load`` call."""
-
-    def __init__(self, path: Path, metadata: Metadata) -> None:
-        super().__init__(path)
-        self._metadata = metadata
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        return self._metadata
+def _write_all(file: Any, data: memoryview) -> None:
+    """An unbuffered ``write`` may take less than it is given."""
+    while data:
+        data = data[file.write(data) :]
 
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.contiguous().reshape(-1).view(torch.uint8)
-
-
-def _one_line(exc: BaseException) -> str:
-    """The first sentence of an exception's first line: torch's reader errors run on for
-    several sentences of generic advice."""
-    lines = str(exc).strip().splitlines()
-    first = lines[0] if lines else type(exc).__name__
-    sentence_end = first.find(". ", 20)
-    return first[: sentence_end + 1] if sentence_end > 0 else first[:300]
