@@ -142,6 +142,11 @@ class TrainConfig(Section):
     checkpoint_format: str = Field(
         "safetensors", description="Weights format of sharded runs: safetensors | dcp | safetensors_dcp, or a plugin's."
     )
+    async_checkpoint: bool = Field(
+        False,
+        description="Sharded runs: write DCP shards in a background thread; training waits only for a copy in "
+        "memory (one more copy of each rank's state), and the checkpoint becomes `last` once fully written.",
+    )
     parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
     accelerator: AcceleratorConfig = Field(default_factory=AcceleratorConfig)
     peft: PeftConfig = Field(default_factory=PeftConfig)

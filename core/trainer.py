@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import torch
 
-from lerobot_kit.core.checkpoint.manager import save_checkpoint
+from lerobot_kit.core.checkpoint.saver import CheckpointSaver
 from lerobot_kit.core.components import RunComponents
 from lerobot_kit.core.data import DataPosition, ResumableBatchSampler
 from lerobot_kit.core.distributed import all_reduce_mean
@@ -55,6 +55,7 @@ class Trainer:
         self.accumulation = config.accelerator.gradient_accumulation.steps
         self.amp_dtype = autocast_dtype(config.accelerator)
         self.global_batch = config.batch_size * run.dims.dp_world_size
+        self.saver = CheckpointSaver(run)
 
     def _is_sync_step(self, step: int) -> bool:
         """Last micro-batch of an accumulation window, or the very last step of the run."""
@@ -125,9 +126,11 @@ class Trainer:
                     self.tracker.log(means, self.step)
                 window, window_steps, window_start = {}, 0, time.perf_counter()
             progress.update(self.step)
+            self.saver.poll()
             if config.save_checkpoint and (self.step % config.save_freq == 0 or self.step == config.steps):
-                saved = save_checkpoint(run, self.step, self.position)
-                result.last_checkpoint = str(saved) if saved else result.last_checkpoint
+                self.saver.save(self.step, self.position)
+        last = self.saver.finish()
+        result.last_checkpoint = str(last) if last else None
         progress.clear()
         result.steps_done = self.step
         return result

@@ -14,6 +14,7 @@ from pathlib import Path
 from torch import nn
 
 from lerobot_kit.core.checkpoint import layout
+from lerobot_kit.core.checkpoint.shard_writes import save_shards
 from lerobot_kit.core.checkpoint.training_state import read_safetensors
 from lerobot_kit.core.errors import CheckpointError, first_line
 from lerobot_kit.core.peft import is_peft_model, to_model_keys, to_saved_keys
@@ -55,18 +56,18 @@ def write_gathered(model: nn.Module, pretrained_dir: Path, *, sharded: bool, is_
 
 
 def write_shards(model: nn.Module, pretrained_dir: Path) -> None:
-    """DCP shards of the weights: every rank writes its own part, nothing is gathered.
+    """DCP shards of the weights: every rank writes its own part, nothing is gathered
+    (in the background under ``async_checkpoint``).
 
     A PEFT model's shards hold only the adapter, keyed as in ``adapter_model.safetensors``.
     """
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     peft = is_peft_model(model)
     state = get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=peft))
     if peft:
         state = to_saved_keys(model, state)
-    dcp.save(state, checkpoint_id=str(pretrained_dir / layout.DCP_MODEL_DIR))
+    save_shards(state, pretrained_dir / layout.DCP_MODEL_DIR)
 
 
 def load_any_weights(model: nn.Module, pretrained_dir: Path, *, distributed: bool, is_main: bool) -> None:

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from lerobot_kit.core.checkpoint import atomic, layout
 from lerobot_kit.core.checkpoint.formats import CheckpointFormat
+from lerobot_kit.core.checkpoint.shard_writes import save_shards
 from lerobot_kit.core.checkpoint.training_state import (
     capture_rng,
     load_full_optimizer,
@@ -45,6 +46,19 @@ def checkpoint_format(name: str) -> CheckpointFormat:
 
 def save_checkpoint(run: RunComponents, step: int, position: DataPosition) -> Path | None:
     """Collective: every rank must call it at the same step. Returns the folder on the main process."""
+    write_checkpoint(run, step, position)
+    barrier(run.ctx)
+    final = atomic.publish(run.output_dir, step) if run.ctx.is_main else None
+    barrier(run.ctx)
+    return final
+
+
+def write_checkpoint(run: RunComponents, step: int, position: DataPosition) -> None:
+    """Collective: write the whole checkpoint into its temporary folder, not yet visible.
+
+    ``atomic.publish`` makes it the step folder and ``last`` once every rank's writes are
+    done: at once in ``save_checkpoint``, after the background writes in ``CheckpointSaver``.
+    """
     from lerobot_kit.core.policy import save_pretrained
 
     config, ctx = run.config, run.ctx
@@ -67,10 +81,6 @@ def save_checkpoint(run: RunComponents, step: int, position: DataPosition) -> Pa
         if run.scaler is not None:
             write_json(state_dir / layout.SCALER_STATE, run.scaler.state_dict())
         write_json(state_dir / layout.TRAINING_STEP, _training_step(run, step, position, weights, optimizer_kind))
-    barrier(run.ctx)
-    final = atomic.publish(run.output_dir, step) if ctx.is_main else None
-    barrier(run.ctx)
-    return final
 
 
 def _save_optimizer(run: RunComponents, state_dir: Path) -> str:
@@ -78,9 +88,7 @@ def _save_optimizer(run: RunComponents, state_dir: Path) -> str:
 
     state = get_optimizer_state_dict(run.parallel.model, run.optimizer)
     if run.dims.sharded:
-        import torch.distributed.checkpoint as dcp
-
-        dcp.save(state, checkpoint_id=str(state_dir / layout.DCP_OPTIMIZER_DIR))
+        save_shards(state, state_dir / layout.DCP_OPTIMIZER_DIR)
         return "dcp"
     if run.ctx.is_main:
         save_full_optimizer(state, state_dir)

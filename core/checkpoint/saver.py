@@ -1,0 +1,114 @@
+"""The trainer's checkpoint schedule, synchronous or with DCP shards written in the background.
+
+Synchronous (the default), a save returns once the checkpoint is on the disk and
+published. With ``async_checkpoint`` in a sharded run, a save returns once every DCP
+shard state is copied into memory: a background thread per rank writes the shards while
+training goes on, coordinating over a gloo group of its own so that its collectives
+never interleave with the training ones. The checkpoint stays a ``.tmp`` folder until
+every write is done; then the main process publishes it (fsync, rename, ``last``), as
+crash-safe as a synchronous save. At most one save is in flight: the next save first
+waits for it, which bounds the extra memory to one staged copy of the sharded state.
+
+Files other than shards (gathered weights, configs, RNG, scheduler) are small or need
+the gather anyway, so they are still written before the save returns.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from lerobot_kit.core.checkpoint import atomic
+from lerobot_kit.core.checkpoint.manager import save_checkpoint, write_checkpoint
+from lerobot_kit.core.checkpoint.shard_writes import deferred_shard_writes, write_deferred
+from lerobot_kit.core.components import RunComponents
+from lerobot_kit.core.data import DataPosition
+from lerobot_kit.core.distributed import barrier
+from lerobot_kit.core.errors import CheckpointError, first_line
+
+logger = logging.getLogger("lerobot_kit")
+
+
+@dataclass
+class _InFlight:
+    step: int
+    future: Future[None]
+
+
+class CheckpointSaver:
+    def __init__(self, run: RunComponents) -> None:
+        self.run = run
+        self.background = run.config.async_checkpoint and run.dims.sharded
+        self.last: Path | None = None
+        self._in_flight: _InFlight | None = None
+        self._group: Any = None
+        self._stager: Any = None
+        self._writer: ThreadPoolExecutor | None = None
+        if run.config.async_checkpoint and not run.dims.sharded and run.ctx.is_main:
+            logger.warning(
+                "async_checkpoint: this run is not sharded, so it saves gathered files, synchronously; "
+                "the flag only applies to DCP shards (--parallelism.dp_shard > 1)"
+            )
+        if self.background:
+            import torch.distributed as dist
+
+            import torch
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            # Collective, so every rank creates it here, at the same point of start-up.
+            self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=run.config.parallelism.timeout_s))
+            # Kept for the run: it reuses its host buffers from one save to the next.
+            pinned = torch.cuda.is_available()
+            self._stager = DefaultStager(StagingOptions(pinned, False, False, False))
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lerobot-checkpoint")
+
+    def save(self, step: int, position: DataPosition) -> None:
+        """Collective: every rank calls it at the same step."""
+        if not self.background:
+            self.last = save_checkpoint(self.run, step, position) or self.last
+            return
+        self.wait()  # the staged buffers are reused: the previous write must be done
+        with deferred_shard_writes(self._stager) as deferred:
+            write_checkpoint(self.run, step, position)
+        assert self._writer is not None
+        self._in_flight = _InFlight(step, self._writer.submit(write_deferred, deferred.writes, self._group))
+
+    def poll(self) -> None:
+        """Publish the checkpoint in flight if its writes are done; never waits, no collective.
+
+        Each rank checks only its own writer: DCP's last step gathers every rank's write
+        results before any rank's ``save`` returns, so the main process's writer being
+        done means all shards of all ranks are on the disk.
+        """
+        if self._in_flight is not None and self._in_flight.future.done():
+            self.wait()
+
+    def finish(self) -> Path | None:
+        """Collective: wait for the save in flight, publish it; the last published checkpoint."""
+        if self.background:
+            self.wait()
+            assert self._writer is not None
+            self._writer.shutdown()
+            self._stager.close()
+            barrier(self.run.ctx)
+        return self.last
+
+    def wait(self) -> None:
+        """Block until the save in flight is written, then publish it (main process); no collective."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is None:
+            return
+        try:
+            in_flight.future.result()
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException
+            raise CheckpointError(
+                f"the background checkpoint of step {in_flight.step} failed, so it was not published "
+                f"({first_line(exc)}); the previous checkpoint is intact"
+            ) from exc
+        if self.run.ctx.is_main:
+            self.last = atomic.publish(self.run.output_dir, in_flight.step)
+            logger.debug("checkpoint of step %d published", in_flight.step)
