@@ -174,9 +174,10 @@ def convert_dcp(
     entries = _entries(dcp_dir, metadata)
     tmp = output.with_name(output.name + TMP_SUFFIX)
     try:
+        header = _header(entries)
         with ChunkReader(dcp_dir, metadata) as reader:
-            checksums = _write(tmp, entries, reader, progress)
-        _verify(tmp, entries, checksums, progress)
+            checksums = _write(tmp, header, entries, reader, progress)
+        _verify(tmp, len(header), entries, checksums, progress)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -215,8 +216,10 @@ def _header(entries: list[_Entry]) -> bytes:
     return struct.pack("<Q", len(text)) + text
 
 
-def _write(tmp: Path, entries: list[_Entry], reader: ChunkReader, progress: Progress | None) -> list[int]:
-    """Append every tensor's bytes to ``tmp`` after the header, fsync it, and return a
+def _write(
+    tmp: Path, header: bytes, entries: list[_Entry], reader: ChunkReader, progress: Progress | None
+) -> list[int]:
+    """Write ``header`` and then every tensor's bytes to ``tmp``, fsync it, and return a
     CRC-32 per tensor of the bytes handed to the disk.
 
     A tensor whose chunks are whole-row runs (FSDP's dim-0 shards) is written chunk by
@@ -227,7 +230,7 @@ def _write(tmp: Path, entries: list[_Entry], reader: ChunkReader, progress: Prog
     checksums: list[int] = []
     done = 0
     with tmp.open("wb", buffering=0) as file:
-        _write_all(file, memoryview(_header(entries)))
+        _write_all(file, memoryview(header))
         for e in entries:
             checksum = 0
             for piece in _pieces(e, reader):
@@ -258,7 +261,9 @@ def _pieces(e: _Entry, reader: ChunkReader) -> Iterator[torch.Tensor]:
     yield whole
 
 
-def _verify(tmp: Path, entries: list[_Entry], checksums: list[int], progress: Progress | None) -> None:
+def _verify(
+    tmp: Path, data_start: int, entries: list[_Entry], checksums: list[int], progress: Progress | None
+) -> None:
     """Read the file back from the disk (its pages were dropped from the cache after the
     fsync) and match each tensor's bytes against the CRC taken while writing; the header
     must list exactly the shards' tensors."""
@@ -267,7 +272,7 @@ def _verify(tmp: Path, entries: list[_Entry], checksums: list[int], progress: Pr
     block = memoryview(bytearray(min(_VERIFY_BLOCK, max((e.nbytes for e in entries), default=0))))
     done = 0
     with tmp.open("rb", buffering=0) as file:
-        file.seek(len(_header(entries)))
+        file.seek(data_start)
         for e, expected in zip(entries, checksums, strict=True):
             checksum, left = 0, e.nbytes
             while left:

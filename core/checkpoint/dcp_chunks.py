@@ -55,11 +55,16 @@ class _FileSlice(io.RawIOBase):
         return got
 
 
+def _stored_in_order(entry: dcp_metadata.TensorStorageMetadata) -> list[dcp_metadata.ChunkStorageMetadata]:
+    """The chunks that hold data (empty ones have no storage record), by offsets."""
+    return sorted((c for c in entry.chunks if math.prod(c.sizes)), key=lambda c: tuple(c.offsets))
+
+
 def row_blocks(entry: dcp_metadata.TensorStorageMetadata) -> list[dcp_metadata.ChunkStorageMetadata] | None:
     """The non-empty chunks in file order when they tile the tensor as consecutive runs of
     whole rows (FSDP's dim-0 shards, or one chunk for the whole tensor): each chunk's bytes
     are then one stretch of the tensor's bytes. None when they do not (e.g. a column shard)."""
-    chunks = sorted((c for c in entry.chunks if math.prod(c.sizes)), key=lambda c: tuple(c.offsets))
+    chunks = _stored_in_order(entry)
     if not entry.size:
         return chunks if len(chunks) == 1 else None
     next_row = 0
@@ -118,7 +123,7 @@ class ChunkReader:
         self, name: str, entry: dcp_metadata.TensorStorageMetadata, dtype: torch.dtype
     ) -> Iterator[tuple[dcp_metadata.ChunkStorageMetadata, torch.Tensor]]:
         """Every non-empty chunk of ``name`` with its data, one decoded at a time."""
-        for chunk in sorted((c for c in entry.chunks if math.prod(c.sizes)), key=lambda c: tuple(c.offsets)):
+        for chunk in _stored_in_order(entry):
             yield chunk, self.read(name, chunk, dtype)
 
     def _file(self, relative_path: str) -> BinaryIO:
