@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -115,6 +116,12 @@ def _rank_bytes(params: list[nn.Parameter], shards_of: dict[int, int]) -> RankBy
     return RankBytes(params_bytes, grads_bytes, optimizer_bytes)
 
 
+def _class_name(model: nn.Module) -> str:
+    from lerobot_kit.core.peft import is_peft_model
+
+    return f"PeftModel({type(model.get_base_model()).__name__})" if is_peft_model(model) else type(model).__name__
+
+
 def plan_model(
     model: nn.Module, dims: ParallelDims, accel: AcceleratorConfig, declared: list[str] | None
 ) -> ShardingPlan:
@@ -124,7 +131,7 @@ def plan_model(
     ddp = _rank_bytes(params, full)
     plan_kw: dict[str, Any] = dict(
         dims=dims,
-        policy_class=type(model).__name__,
+        policy_class=_class_name(model),
         total_params=sum(p.numel() for p in params),
         trainable_params=sum(p.numel() for p in params if p.requires_grad),
         ddp_per_rank=ddp,
@@ -163,12 +170,22 @@ def plan_model(
 
 
 def plan_run(config: TrainConfig, world_size: int) -> ShardingPlan:
-    """Resolve topology, dataset features and the policy as ``lerobot train`` would, on the meta device."""
+    """Resolve topology, dataset features and the policy (with its PEFT adapters, if asked)
+    as ``lerobot train`` would, on the meta device."""
     from lerobot_kit.core.policy import make_policy
     from lerobot_kit.plugins.manager import get_registry
 
+    from lerobot_kit.core.peft import align_trainable_dtypes, prepare_request, wrap_policy
+
     dims = ParallelDims.resolve(config.parallelism, world_size)
+    prepare_request(config)
     dataset = get_registry().get("dataset", config.dataset.type).load()(config.dataset, config.policy.delta_indices())
     with torch.device("meta"):
         policy = make_policy(config.policy, dataset.meta)
-    return plan_model(policy, dims, config.accelerator, getattr(type(policy), "_fsdp_wrap_modules", None))
+    declared = getattr(type(policy), "_fsdp_wrap_modules", None)
+    model: nn.Module = policy
+    if config.peft.method_type is not None:
+        # As the run does: a frozen base with adapters, so only they count as trainable.
+        model = wrap_policy(policy, config.peft, Path(str(config.policy.path)))
+        align_trainable_dtypes(model, config, dims, declared)
+    return plan_model(model, dims, config.accelerator, declared)

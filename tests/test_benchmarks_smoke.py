@@ -41,6 +41,7 @@ def test_smoke_run_reports_every_benchmark(tmp_path: Path) -> None:
     for layout in ("fsdp2", "fsdp4", "hsdp2x2"):
         assert any(r.startswith(f"{layout} param+grad+optim") for r in rows), rows
     assert any(r.startswith("act step time") for r in rows)
+    assert any(r.startswith("save, training blocked (--async_checkpoint=true): dcp") for r in rows), rows
     # The printed table has one line per row, under a header and a rule.
     table = result.stdout.strip().splitlines()
     assert [cell.strip() for cell in table[0].split("|")][:3] == ["benchmark", "measure", "ours"]

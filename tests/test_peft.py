@@ -10,6 +10,7 @@ checkpoint* alone, so the frozen base the run trained with is exactly the one on
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -359,3 +360,28 @@ def test_other_methods_train_save_and_load(base, tmp_path, method):
 
     base_now = get_base_model_state_dict(model)
     assert all(torch.equal(base_now[k], frozen[k]) for k in frozen)
+
+
+def test_plan_counts_only_the_adapters_as_trainable(base, runs):
+    """``lerobot plan`` with --peft.*: the frozen base holds no gradients nor AdamW state;
+    the trainable count equals what the real run saved as its adapter."""
+    from lerobot_kit.core.checkpoint.dcp_metadata import read_dcp_metadata, tensor_entries
+
+    adapter = load_file(runs["single"] / "checkpoints" / f"{STEPS:06d}" / "pretrained_model" / "adapter_model.safetensors")
+    trained = sum(t.numel() for t in adapter.values())
+    proc = run_cli("plan", "--world_size=1", "--json", f"--policy.path={base}", *LORA, *DATA, NAMED)
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["policy"] == "PeftModel(ACTPolicy)"
+    assert 0 < plan["trainable_params"] == trained < plan["total_params"]
+    assert plan["per_rank"]["grads_bytes"] == 4 * trained
+    assert plan["per_rank"]["optimizer_bytes"] == 2 * 4 * trained + 4 * len(adapter)
+
+    shards = runs["fsdp2"] / "checkpoints" / f"{STEPS:06d}" / "pretrained_model" / "pytorch_model_fsdp_0"
+    sharded = sum(math.prod(e.size) for e in tensor_entries(read_dcp_metadata(shards)).values())
+    fsdp_flags = ["--world_size=2", "--json", f"--policy.path={base}", *LORA, *DATA, *LAYOUTS["fsdp2"][1]]
+    proc = run_cli("plan", *fsdp_flags)
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["layout"] == "fsdp" and plan["trainable_params"] == sharded
+    assert plan["per_rank"]["grads_bytes"] < plan["ddp_per_rank"]["grads_bytes"] == 4 * sharded
