@@ -320,6 +320,22 @@ def test_partial_or_corrupt_shard_folder(step_dir, damage, message):
     assert dcp_dir.is_dir()
 
 
+def test_shards_with_storage_transforms_are_refused_clearly(step_dir):
+    """DCP's experimental extensions (e.g. zstd) record transform descriptors per chunk;
+    the converter does not decode them and must say so rather than write garbage."""
+    import pickle
+
+    metadata_file = step_dir / PRETRAINED_DIR / DCP_MODEL_DIR / DCP_METADATA
+    metadata = pickle.loads(metadata_file.read_bytes())  # torch's own, written by the test's run
+    for info in metadata.storage_data.values():
+        info.transform_descriptors = ["zstd"]
+    metadata_file.write_bytes(pickle.dumps(metadata))
+    with pytest.raises(CheckpointError, match=r"stored with DCP transforms \['zstd'\]"):
+        convert_dcp(step_dir, delete_dcp=True)
+    assert _leftovers(step_dir / PRETRAINED_DIR) == []
+    assert metadata_file.is_file()
+
+
 def test_crafted_metadata_runs_nothing(step_dir, tmp_path):
     marker = tmp_path / "pwned"
     payload = f"cos\nsystem\n(S'touch {marker}'\ntR.".encode()  # protocol-0 pickle of os.system(...)
