@@ -172,10 +172,9 @@ def plan_model(
 def plan_run(config: TrainConfig, world_size: int) -> ShardingPlan:
     """Resolve topology, dataset features and the policy (with its PEFT adapters, if asked)
     as ``lerobot train`` would, on the meta device."""
+    from lerobot_kit.core.peft import align_trainable_dtypes, prepare_request, wrap_policy
     from lerobot_kit.core.policy import make_policy
     from lerobot_kit.plugins.manager import get_registry
-
-    from lerobot_kit.core.peft import align_trainable_dtypes, prepare_request, wrap_policy
 
     dims = ParallelDims.resolve(config.parallelism, world_size)
     prepare_request(config)
