@@ -55,5 +55,16 @@ def format_banner(run: "RunComponents", dataset_len: int, start_step: int) -> li
         f"parameters {_count(total)} total, {_count(trainable)} trainable, {_count(per_rank)} on this rank",
         f"policy {config.policy.type} | dataset {config.dataset.type} ({dataset_len} samples) | steps "
         f"{start_step}→{config.steps} | output {run.output_dir}",
+        _checkpoint_text(run),
     ]
     return lines
+
+
+def _checkpoint_text(run: "RunComponents") -> str:
+    """When checkpoints are written, how the weights are stored, and whether saves block training."""
+    config, sharded = run.config, run.dims.sharded
+    if not config.save_checkpoint:
+        return "checkpoints off"
+    weights = config.checkpoint_format if sharded else "safetensors (not sharded)"
+    mode = "written in the background" if config.async_checkpoint and sharded else "synchronous"
+    return f"checkpoints every {config.save_freq} steps and at the end | weights {weights} | {mode}"

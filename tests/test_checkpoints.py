@@ -249,7 +249,8 @@ def test_async_checkpoints_publish_in_order_and_resume_exactly(tmp_path, straigh
     written during steps 5-6, yet resuming from it reproduces the straight run bitwise."""
     out = tmp_path / "background"
     flags = [*COMMON, "--parallelism.dp_shard=2", "--checkpoint_format=dcp", "--async_checkpoint=true"]
-    torchrun_train(2, f"--output_dir={out}", *flags, "--steps=6", "--save_freq=2", workdir=tmp_path)
+    result = torchrun_train(2, f"--output_dir={out}", *flags, "--steps=6", "--save_freq=2", workdir=tmp_path)
+    assert "checkpoints every 2 steps and at the end | weights dcp | written in the background" in result.stderr
     assert [m["loss"] for m in read_metrics(out)] == [m["loss"] for m in read_metrics(straight_fsdp2)]
     root = out / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == ["000002", "000004", "000006", "last"]

@@ -116,6 +116,7 @@ def test_banner_states_the_effective_batch_and_layout(tmp_path):
     assert "layout hsdp | world 4 (dp_replicate 2 × dp_shard 2)" in log
     assert "effective batch 16 = batch_size 2 × dp_world_size 4 × gradient_accumulation 2" in log
     assert "wrap units: 4 from policy (ACTDecoderLayer, ACTEncoderLayer)" in log
+    assert "checkpoints off" in log
     assert log.count("effective batch") == 1, "only the main process prints"
 
 
