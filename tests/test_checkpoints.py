@@ -273,7 +273,9 @@ def test_deferred_shard_writes_stage_a_copy_and_write_later(tmp_path):
     from lerobot_kit.core.checkpoint.shard_writes import deferred_shard_writes, save_shards, write_deferred
 
     state = {"w": torch.zeros(4096)}
-    stager = DefaultStager(StagingOptions(False, False, False, False))
+    stager = DefaultStager(StagingOptions(
+        use_pinned_memory=False, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=False
+    ))
     with deferred_shard_writes(stager) as deferred:
         save_shards(state, tmp_path / "shards")
     assert not (tmp_path / "shards").exists()  # staged only

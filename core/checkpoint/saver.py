@@ -54,16 +54,17 @@ class CheckpointSaver:
                 "the flag only applies to DCP shards (--parallelism.dp_shard > 1)"
             )
         if self.background:
-            import torch.distributed as dist
-
             import torch
+            import torch.distributed as dist
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
             # Collective, so every rank creates it here, at the same point of start-up.
             self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=run.config.parallelism.timeout_s))
             # Kept for the run: it reuses its host buffers from one save to the next.
-            pinned = torch.cuda.is_available()
-            self._stager = DefaultStager(StagingOptions(pinned, False, False, False))
+            self._stager = DefaultStager(StagingOptions(
+                use_pinned_memory=torch.cuda.is_available(), use_shared_memory=False,
+                use_async_staging=False, use_non_blocking_copy=False,
+            ))
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lerobot-checkpoint")
 
     def save(self, step: int, position: DataPosition) -> None:
