@@ -276,7 +276,7 @@ def _verify(
         for e, expected in zip(entries, checksums, strict=True):
             checksum, left = 0, e.nbytes
             while left:
-                got = _read_exactly(file, block[: min(left, len(block))])
+                got = file.readinto(block[: min(left, len(block))])
                 if not got:
                     break
                 checksum = zlib.crc32(block[:got], checksum)
@@ -310,17 +310,6 @@ def _drop_cached_pages(fd: int) -> None:
     advise = getattr(os, "posix_fadvise", None)
     if advise is not None:
         advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-
-
-def _read_exactly(file: Any, into: memoryview) -> int:
-    """``readinto`` until ``into`` is full or the file ends; the bytes read."""
-    filled = 0
-    while filled < len(into):
-        got = file.readinto(into[filled:])
-        if not got:
-            break
-        filled += got
-    return filled
 
 
 def _write_all(file: Any, data: memoryview) -> None:
