@@ -67,12 +67,12 @@ def _rotated(items: list[str], shift: int) -> list[str]:
 def _worker(outdir: Path, spec: dict[str, Any]) -> None:
     import torch.distributed as dist
 
-    from lerobot_kit.core.checkpoint import atomic, layout
-    from lerobot_kit.core.checkpoint.manager import checkpoint_format, restore_checkpoint, save_checkpoint
+    from lerobot_kit.core.checkpoint import atomic, paths
+    from lerobot_kit.core.checkpoint.save_restore import checkpoint_format, restore_checkpoint, save_checkpoint
     from lerobot_kit.core.checkpoint.saver import CheckpointSaver
-    from lerobot_kit.core.distributed import init_distributed, shutdown
-    from lerobot_kit.core.flags import parse_train_config
-    from lerobot_kit.core.run import prepare_run
+    from lerobot_kit.core.distributed.process_group import init_distributed, shutdown
+    from lerobot_kit.core.config.flags import parse_train_config
+    from lerobot_kit.core.run.prepare import prepare_run
 
     ctx = init_distributed(timeout_s=600)
     config = parse_train_config([*spec["flags"], f"--output_dir={outdir / 'run'}"])
@@ -101,13 +101,13 @@ def _worker(outdir: Path, spec: dict[str, Any]) -> None:
             step += 1
             config.checkpoint_format = fmt
             run.output_dir = outdir / fmt
-            previous = layout.last_checkpoint(run.output_dir)
+            previous = paths.last_checkpoint(run.output_dir)
             saves[fmt].append(timed(lambda: save_checkpoint(run, step, prepared.position)))
             if ctx.is_main:
                 if previous is not None:
                     shutil.rmtree(previous)  # keep the disk to one checkpoint per format
                 # The disk's floor for this save, right after it (the other rank waits in the next barrier).
-                written = tree_bytes(layout.last_checkpoint(run.output_dir))
+                written = tree_bytes(paths.last_checkpoint(run.output_dir))
                 floors[fmt].append(written / disk_write_speed(outdir, written))
             if not spec["weights"]:
                 continue
@@ -134,7 +134,7 @@ def _worker(outdir: Path, spec: dict[str, Any]) -> None:
                 step += 1
                 config.checkpoint_format = fmt
                 run.output_dir = outdir / f"async_{fmt}"
-                previous = layout.last_checkpoint(run.output_dir)
+                previous = paths.last_checkpoint(run.output_dir)
                 blocked[fmt].append(timed(lambda: saver.save(step, prepared.position)))
                 published[fmt].append(blocked[fmt][-1] + timed(saver.wait))
                 if ctx.is_main and previous is not None:
@@ -145,7 +145,7 @@ def _worker(outdir: Path, spec: dict[str, Any]) -> None:
     if spec["restore"]:
         for rep in range(spec["reps"]):
             for fmt in _rotated(formats, rep):
-                step_dir = layout.last_checkpoint(outdir / fmt)
+                step_dir = paths.last_checkpoint(outdir / fmt)
                 restores[fmt].append(timed(lambda: restore_checkpoint(run, step_dir)))
     result: dict[str, Any] = {"save_s": saves, "weights_s": weights, "restore_s": restores, "disk_floor_s": floors,
                               "async_blocked_s": blocked, "async_published_s": published}
@@ -153,10 +153,10 @@ def _worker(outdir: Path, spec: dict[str, Any]) -> None:
         result["params"] = parallel.param_counts()[0]
         result["sizes"] = {}
         for fmt in formats:
-            step_dir = layout.last_checkpoint(outdir / fmt)
-            pretrained = step_dir / layout.PRETRAINED_DIR
-            gathered = pretrained / layout.MODEL_WEIGHTS
-            shards = pretrained / layout.DCP_MODEL_DIR
+            step_dir = paths.last_checkpoint(outdir / fmt)
+            pretrained = step_dir / paths.PRETRAINED_DIR
+            gathered = pretrained / paths.MODEL_WEIGHTS
+            shards = pretrained / paths.DCP_MODEL_DIR
             result["sizes"][fmt] = {
                 "step_dir": str(step_dir),
                 "total_bytes": tree_bytes(step_dir),

@@ -42,7 +42,7 @@ _SUMMARY = re.compile(r"converted (\d+) tensors, .* in ([0-9.]+)s")
 
 
 def _tensor_bytes(shards: Path) -> list[int]:
-    from lerobot_kit.core.checkpoint.dcp_metadata import read_dcp_metadata, tensor_entries
+    from lerobot_kit.core.offline.dcp_metadata import read_dcp_metadata, tensor_entries
 
     entries = tensor_entries(read_dcp_metadata(shards)).values()
     return [math.prod(e.size) * e.properties.dtype.itemsize for e in entries]
@@ -70,7 +70,7 @@ def run(ctx: Context) -> Result:
     speeds, disk = alternate(ctx.pick(1, 3), convert, lambda: disk_write_speed(pretrained, total))
     baseline = run_timed(
         [sys.executable, "-c", "import lerobot_kit.cli.main, lerobot_kit.cli.convert_dcp, "
-         "lerobot_kit.core.checkpoint.convert"], env, timeout=120, peak_rss=True,
+         "lerobot_kit.core.offline.convert"], env, timeout=120, peak_rss=True,
     ).peak_rss
     stats = paired(speeds, disk)
     excess = max(peaks) - baseline

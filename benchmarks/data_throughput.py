@@ -39,9 +39,9 @@ def _lerobot_dataset(ctx: Context) -> list[str]:
 def _loader_rate(ctx: Context, flags: list[str], batches: int, slug: str) -> Callable[[], float]:
     """A function giving samples/s over ``batches`` batches of the loader ``lerobot train``
     builds for ``flags`` (one iterator throughout, as in a run)."""
-    from lerobot_kit.core.distributed import init_distributed
-    from lerobot_kit.core.flags import parse_train_config
-    from lerobot_kit.core.run import prepare_run
+    from lerobot_kit.core.distributed.process_group import init_distributed
+    from lerobot_kit.core.config.flags import parse_train_config
+    from lerobot_kit.core.run.prepare import prepare_run
 
     config = parse_train_config([*flags, f"--output_dir={ctx.folder(NAME, slug) / 'run'}"])
     iterator = iter(prepare_run(config, None, init_distributed(60)).loader)

@@ -92,10 +92,10 @@ def bare_loop(flags: list[str], prepared_batches: int = 8) -> Callable[[int], fl
     import torch
     from torch.utils.data import DataLoader
 
-    from lerobot_kit.core.flags import parse_train_config
-    from lerobot_kit.core.policy import make_policy
-    from lerobot_kit.core.processor import make_processors
-    from lerobot_kit.plugins.manager import get_registry
+    from lerobot_kit.core.config.flags import parse_train_config
+    from lerobot_kit.core.model.policy import make_policy
+    from lerobot_kit.core.model.processor import make_processors
+    from lerobot_kit.core.registry.registry import get_registry
 
     config = parse_train_config(flags)
     dataset = get_registry().get("dataset", config.dataset.type).load()(config.dataset, config.policy.delta_indices())
@@ -134,7 +134,7 @@ def bare_loop(flags: list[str], prepared_batches: int = 8) -> Callable[[int], fl
 
 
 def _policies() -> dict[str, list[str]]:
-    from lerobot_kit.plugins.manager import get_registry
+    from lerobot_kit.core.registry.registry import get_registry
 
     installed = set(get_registry().names("policy"))
     return {name: flags for name, flags in POLICIES.items() if name in installed}
@@ -165,9 +165,9 @@ def ablation(ctx: Context, name: str, flags: list[str]) -> dict[str, Any]:
     """
     import torch
 
-    from lerobot_kit.core.distributed import init_distributed
-    from lerobot_kit.core.flags import parse_train_config
-    from lerobot_kit.core.run import prepare_run
+    from lerobot_kit.core.distributed.process_group import init_distributed
+    from lerobot_kit.core.config.flags import parse_train_config
+    from lerobot_kit.core.run.prepare import prepare_run
 
     config = parse_train_config([*flags, f"--output_dir={ctx.folder(NAME, name + '_ablation') / 'run'}"])
     prepared = prepare_run(config, None, init_distributed(60))

@@ -65,9 +65,9 @@ def _import_run_modules(config: Any) -> None:
     import torch.distributed.checkpoint.state_dict  # noqa: F401
     import torch.distributed.fsdp  # noqa: F401
 
-    import lerobot_kit.core.policy  # noqa: F401
-    import lerobot_kit.core.processor  # noqa: F401
-    from lerobot_kit.plugins.manager import get_registry
+    import lerobot_kit.core.model.policy  # noqa: F401
+    import lerobot_kit.core.model.processor  # noqa: F401
+    from lerobot_kit.core.registry.registry import get_registry
 
     registry = get_registry()
     registry.get("policy", config.policy.type).load()
@@ -77,8 +77,8 @@ def _import_run_modules(config: Any) -> None:
 def _measure(flags: list[str], ctx: Any, outdir: Path) -> dict[str, Any]:
     import torch
 
-    from lerobot_kit.core.flags import parse_train_config
-    from lerobot_kit.core.run import prepare_run
+    from lerobot_kit.core.config.flags import parse_train_config
+    from lerobot_kit.core.run.prepare import prepare_run
 
     config = parse_train_config([*flags, f"--output_dir={outdir / 'run'}"])
     _import_run_modules(config)
@@ -112,7 +112,7 @@ def _measure(flags: list[str], ctx: Any, outdir: Path) -> dict[str, Any]:
 
 
 def _worker(outdir: Path, scenarios: dict[str, list[str]]) -> None:
-    from lerobot_kit.core.distributed import init_distributed, shutdown
+    from lerobot_kit.core.distributed.process_group import init_distributed, shutdown
 
     ctx = init_distributed(timeout_s=300)
     result = {name: _measure(flags, ctx, outdir / name) for name, flags in scenarios.items()}

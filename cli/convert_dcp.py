@@ -59,7 +59,7 @@ def command(checkpoint_dir: Path, delete_dcp: bool, overwrite: bool, push_to_hub
     with user_errors():
         if private and not push_to_hub:
             raise ConfigError("--private=true needs --push_to_hub=user/repo")
-        from lerobot_kit.core.checkpoint.convert import convert_dcp
+        from lerobot_kit.core.offline.convert import convert_dcp
 
         progress = _TtyProgress() if sys.stderr.isatty() else None
         try:
@@ -69,7 +69,7 @@ def command(checkpoint_dir: Path, delete_dcp: bool, overwrite: bool, push_to_hub
                 progress.end()
         click.echo(result.summary())
         if push_to_hub:
-            from lerobot_kit.core.hub import push_pretrained_dir
+            from lerobot_kit.core.run.hub import push_pretrained_dir
 
             url = push_pretrained_dir(result.output.parent, push_to_hub, private)
             click.echo(f"pushed {result.output.parent} to {push_to_hub}: {url}")

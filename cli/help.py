@@ -43,7 +43,7 @@ def iter_flags(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, 
 
 
 def render_help(policy_class: type[BaseModel], dataset_class: type[BaseModel], registry_names: dict[str, list[str]]) -> str:
-    from lerobot_kit.core.config import TrainConfig
+    from lerobot_kit.core.config.schema import TrainConfig
 
     lines = [
         "Usage: lerobot train [--section.field=VALUE ...] [--config_path=train_config.json]",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from lerobot_kit.core.checkpoint.inspect import CheckpointReport, FileInfo, inspect_checkpoint
+from lerobot_kit.core.offline.inspect import CheckpointReport, FileInfo, inspect_checkpoint
 from lerobot_kit.core.errors import CheckpointError
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2

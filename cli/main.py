@@ -1,4 +1,4 @@
-"""The ``lerobot`` click group and the hyphenated console-script aliases.
+"""The ``lerobot`` click group: the only console script, so LeRobot's own ``lerobot-*`` scripts stay untouched.
 
 Subcommand modules are imported only when their command runs, so ``lerobot --help``
 and ``inspect-checkpoint`` never import torch.
@@ -7,8 +7,6 @@ and ``inspect-checkpoint`` never import torch.
 from __future__ import annotations
 
 import importlib
-import sys
-from typing import Any
 
 import click
 
@@ -41,16 +39,3 @@ class LazyGroup(click.Group):
 @click.version_option(package_name="lerobot-kit")
 def cli() -> None:
     """lerobot-kit: train robot-learning policies on one process or hundreds."""
-
-
-def _alias(name: str) -> Any:
-    def entry() -> None:
-        command = importlib.import_module(SUBCOMMANDS[name][0]).command
-        command.main(args=sys.argv[1:], prog_name=f"lerobot-{name}")
-
-    return entry
-
-
-train_entry = _alias("train")
-convert_dcp_entry = _alias("convert-dcp")
-inspect_checkpoint_entry = _alias("inspect-checkpoint")

@@ -17,7 +17,7 @@ from lerobot_kit.cli.errors import user_errors
 from lerobot_kit.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from lerobot_kit.core.plan import RankBytes, ShardingPlan
+    from lerobot_kit.core.parallel.memory_plan import RankBytes, ShardingPlan
 
 USAGE = """\
 Usage: lerobot plan --world_size=N [--json] [TRAIN FLAGS...]
@@ -175,8 +175,8 @@ def run_plan(args: list[str]) -> None:
             raise ConfigError(
                 f"lerobot plan needs --{WORLD_SIZE_FLAG}=N, the number of processes the run would launch"
             )
-        from lerobot_kit.core.flags import parse_train_config
-        from lerobot_kit.core.plan import plan_run
+        from lerobot_kit.core.config.flags import parse_train_config
+        from lerobot_kit.core.parallel.memory_plan import plan_run
 
         plan = plan_run(parse_train_config(train_args), world_size)
         if as_json:

@@ -12,7 +12,7 @@ from lerobot_kit.cli.errors import user_errors
 @click.command(help="List installed plugins and what each registered.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(as_json: bool) -> None:
-    from lerobot_kit.plugins.manager import get_registry
+    from lerobot_kit.core.registry.registry import get_registry
 
     with user_errors():
         registry = get_registry()

@@ -19,7 +19,7 @@ def _selected_type(args: list[str], section: str, default: str) -> str:
 
 def _print_help(args: list[str]) -> None:
     from lerobot_kit.cli.help import render_help
-    from lerobot_kit.plugins.manager import get_registry
+    from lerobot_kit.core.registry.registry import get_registry
 
     registry = get_registry()
     policy = registry.get("policy", _selected_type(args, "policy", "act")).config_class
@@ -32,11 +32,11 @@ def run_train(args: list[str]) -> None:
         if "--help" in args or "-h" in args:
             _print_help(args)
             return
-        from lerobot_kit.core.flags import CONFIG_PATH_FLAG, flags_to_dict, parse_train_config
+        from lerobot_kit.core.config.flags import CONFIG_PATH_FLAG, flags_to_dict, parse_train_config
 
         config_path = flags_to_dict(args).get(CONFIG_PATH_FLAG)
         config = parse_train_config(args)
-        from lerobot_kit.core.run import train
+        from lerobot_kit.core.run.prepare import train
 
         try:
             train(config, config_path)

@@ -120,8 +120,8 @@ def _probe(outdir: Path) -> None:
     """Start like `lerobot train` does and report what each rank sees."""
     import torch.distributed as dist
 
-    from lerobot_kit.core.accelerate_guard import check_accelerate_env
-    from lerobot_kit.core.distributed import (
+    from lerobot_kit.core.distributed.accelerate_guard import check_accelerate_env
+    from lerobot_kit.core.distributed.process_group import (
         all_reduce_mean,
         all_reduce_sum,
         barrier,
@@ -161,7 +161,7 @@ SPIN_TIMEOUT_S = 5
 
 def _spin(outdir: Path) -> None:
     """All-reduce forever (well, a minute) with a 5 s collective timeout; a test kills a peer."""
-    from lerobot_kit.core.distributed import all_reduce_mean, init_distributed
+    from lerobot_kit.core.distributed.process_group import all_reduce_mean, init_distributed
 
     ctx = init_distributed(timeout_s=SPIN_TIMEOUT_S)
     all_reduce_mean(ctx, {"x": 1.0})

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _dist_util import check_probe, clean_env, free_port  # noqa: E402
 
-from lerobot_kit.core.accelerate_guard import OVERRIDE_ENV, check_accelerate_env  # noqa: E402
+from lerobot_kit.core.distributed.accelerate_guard import OVERRIDE_ENV, check_accelerate_env  # noqa: E402
 from lerobot_kit.core.errors import ConfigError  # noqa: E402
 
 DIST_UTIL = str(Path(__file__).resolve().parent / "_dist_util.py")

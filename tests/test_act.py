@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from conftest import assert_meta_build_equals_cpu_build
-from lerobot_kit.core.config import PolicyConfig
+from lerobot_kit.core.config.schema import PolicyConfig
 from lerobot_kit.core.errors import ConfigError
-from lerobot_kit.core.policy import make_policy
-from lerobot_kit.core.processor import make_processors
-from lerobot_kit.plugins.datasets.reach import ReachDatasetConfig
-from lerobot_kit.plugins.datasets.reach_data import make_reach_dataset
+from lerobot_kit.core.model.policy import make_policy
+from lerobot_kit.core.model.processor import make_processors
+from lerobot_kit.plugins.datasets.reach.plugin import ReachDatasetConfig
+from lerobot_kit.plugins.datasets.reach.data import make_reach_dataset
 from lerobot_kit.plugins.policies.act.configuration import ACTConfig
 from lerobot_kit.plugins.policies.act.modeling import ACTDecoderLayer, ACTEncoderLayer, ACTPolicy
 

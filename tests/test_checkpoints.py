@@ -86,7 +86,7 @@ def test_fsdp_resume_is_bitwise_exact_in_every_format(tmp_path, straight_fsdp2, 
 
 
 def test_gathered_weights_load_with_plain_safetensors_and_shards_with_torch_readers(tmp_path, straight_fsdp2):
-    from lerobot_kit.core.policy import load_pretrained
+    from lerobot_kit.core.model.policy import load_pretrained
 
     step = straight_fsdp2 / "checkpoints/000006/pretrained_model"
     gathered = load_file(step / "model.safetensors")
@@ -173,7 +173,7 @@ def test_kill_9_during_a_save_leaves_the_last_checkpoint_resumable(tmp_path, str
     from _dist_util import start_ranks
 
     out = tmp_path / "killed"
-    train = [script("lerobot-train"), f"--output_dir={out}", *COMMON, "--parallelism.dp_shard=2", "--steps=6",
+    train = [script("lerobot"), "train", f"--output_dir={out}", *COMMON, "--parallelism.dp_shard=2", "--steps=6",
              "--save_freq=2", "--checkpoint_format=safetensors_dcp", "--parallelism.timeout_s=15",
              f"--async_checkpoint={str(background).lower()}"]
     ranks = start_ranks(train, 2, tmp_path)

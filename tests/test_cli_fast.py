@@ -28,14 +28,6 @@ def test_light_commands_do_not_import_torch(args):
     assert "NO-TORCH-OK" in result.stdout, result.stdout + result.stderr
 
 
-def test_hyphenated_aliases_run_the_same_commands():
-    for alias, marker in (("lerobot-train", "--policy.type"), ("lerobot-convert-dcp", "--checkpoint_dir"),
-                          ("lerobot-inspect-checkpoint", "--json")):
-        result = run_cli("--help", command=alias)
-        assert result.returncode == 0, result.stderr
-        assert marker in result.stdout
-
-
 def test_group_help_lists_every_subcommand():
     result = run_cli("--help")
     for name in ("train", "convert-dcp", "inspect-checkpoint", "plugins"):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from lerobot_kit.core.errors import ConfigError
-from lerobot_kit.core.flags import build_train_config, flags_to_dict, parse_train_config
+from lerobot_kit.core.config.flags import build_train_config, flags_to_dict, parse_train_config
 
 
 def test_dotted_flags_become_a_nested_dict_with_json_values():

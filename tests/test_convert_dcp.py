@@ -26,10 +26,10 @@ from safetensors.torch import load_file, save_file
 
 from conftest import BIN, run_cli
 from fake_hub import hub_env, serve_fake_hub, unreachable_endpoint
-from lerobot_kit.core.checkpoint.convert import convert_dcp
-from lerobot_kit.core.checkpoint.dcp_chunks import row_blocks
-from lerobot_kit.core.checkpoint.dcp_metadata import read_dcp_metadata, tensor_entries
-from lerobot_kit.core.checkpoint.layout import (
+from lerobot_kit.core.offline.convert import convert_dcp
+from lerobot_kit.core.offline.dcp_chunks import row_blocks
+from lerobot_kit.core.offline.dcp_metadata import read_dcp_metadata, tensor_entries
+from lerobot_kit.core.checkpoint.paths import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
     DCP_METADATA,
@@ -353,14 +353,13 @@ def test_console_scripts_convert_and_report(step_dir):
     assert proc.returncode == 0, proc.stderr
     assert "converted 8 tensors" in proc.stdout and MODEL_WEIGHTS in proc.stdout and "MB/s" in proc.stdout
 
-    again = run_cli("--checkpoint_dir", str(step_dir / PRETRAINED_DIR), command="lerobot-convert-dcp")
+    again = run_cli("convert-dcp", "--checkpoint_dir", str(step_dir / PRETRAINED_DIR))
     assert again.returncode == 1
     assert again.stderr.strip().splitlines() == [
         f"error: {step_dir / PRETRAINED_DIR / MODEL_WEIGHTS} already exists; pass --overwrite=true to replace it"
     ]
 
-    replaced = run_cli("--checkpoint_dir", str(step_dir), "--overwrite", "1", "--delete_dcp=true",
-                       command="lerobot-convert-dcp")
+    replaced = run_cli("convert-dcp", "--checkpoint_dir", str(step_dir), "--overwrite", "1", "--delete_dcp=true")
     assert replaced.returncode == 0, replaced.stderr
     assert "DCP shards deleted" in replaced.stdout
     assert not (step_dir / PRETRAINED_DIR / DCP_MODEL_DIR).exists()
@@ -423,7 +422,7 @@ def test_push_without_huggingface_hub_names_the_extra(tmp_path):
         import sys
         sys.modules["huggingface_hub"] = None  # as if the [hub] extra were not installed
         from lerobot_kit.core.errors import LerobotError
-        from lerobot_kit.core.hub import push_pretrained_dir
+        from lerobot_kit.core.run.hub import push_pretrained_dir
         try:
             push_pretrained_dir({str(tmp_path)!r}, "user/tiny", False)
         except LerobotError as exc:
@@ -440,7 +439,7 @@ def test_push_without_huggingface_hub_names_the_extra(tmp_path):
 _MEASURE = """
 import sys
 from pathlib import Path
-from lerobot_kit.core.checkpoint.convert import convert_dcp
+from lerobot_kit.core.offline.convert import convert_dcp
 
 def status(key):
     for line in open("/proc/self/status"):

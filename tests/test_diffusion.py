@@ -14,12 +14,12 @@ from pydantic import ValidationError
 from safetensors.torch import load_file
 
 from conftest import BIN, assert_meta_build_equals_cpu_build
-from lerobot_kit.core.config import PolicyConfig
+from lerobot_kit.core.config.schema import PolicyConfig
 from lerobot_kit.core.errors import ConfigError
-from lerobot_kit.core.policy import load_pretrained, make_policy, save_pretrained
-from lerobot_kit.core.processor import make_processors
-from lerobot_kit.plugins.datasets.reach import ReachDatasetConfig
-from lerobot_kit.plugins.datasets.reach_data import make_reach_dataset
+from lerobot_kit.core.model.policy import load_pretrained, make_policy, save_pretrained
+from lerobot_kit.core.model.processor import make_processors
+from lerobot_kit.plugins.datasets.reach.plugin import ReachDatasetConfig
+from lerobot_kit.plugins.datasets.reach.data import make_reach_dataset
 from lerobot_kit.plugins.policies.diffusion.configuration import DiffusionConfig
 from lerobot_kit.plugins.policies.diffusion.modeling import (
     DiffusionPolicy,
@@ -349,7 +349,7 @@ def _torchrun(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_"))}
     env["OMP_NUM_THREADS"] = "1"
     result = subprocess.run(
-        [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", str(BIN / "lerobot-train"), *args],
+        [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", str(BIN / "lerobot"), "train", *args],
         capture_output=True, text=True, timeout=150, env=env,
     )
     assert result.returncode == 0, result.stderr[-4000:]

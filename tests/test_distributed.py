@@ -45,14 +45,14 @@ SRUN = {
 
 
 def detect(env: dict[str, str]) -> tuple[str, object]:
-    from lerobot_kit.core.distributed import detect_launcher
+    from lerobot_kit.core.distributed.process_group import detect_launcher
 
     launcher = detect_launcher(env)
     return launcher.name, launcher.read(env)
 
 
 def test_every_builtin_launcher_is_registered_in_a_fixed_order() -> None:
-    from lerobot_kit.plugins.manager import get_registry
+    from lerobot_kit.core.registry.registry import get_registry
 
     registry = get_registry()
     classes = [registry.get("launcher", n).load() for n in registry.names("launcher")]
@@ -108,7 +108,7 @@ def test_first_slurm_host(nodelist: str, host: str) -> None:
 def test_a_plain_process_creates_no_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.distributed as dist
 
-    from lerobot_kit.core.distributed import all_reduce_mean, broadcast_object, init_distributed, shutdown
+    from lerobot_kit.core.distributed.process_group import all_reduce_mean, broadcast_object, init_distributed, shutdown
 
     for key in set(os.environ) - set(clean_env(Path("."))):
         monkeypatch.delenv(key)

@@ -23,10 +23,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
-from lerobot_kit.core.checkpoint import layout as L
-from lerobot_kit.core.checkpoint.dcp_metadata import TORCH_DTYPE_ITEMSIZE, UnsafeMetadataError, read_dcp_metadata
-from lerobot_kit.core.checkpoint.inspect import inspect_checkpoint
-from lerobot_kit.core.checkpoint.safetensors_header import read_safetensors_header
+from lerobot_kit.core.checkpoint import paths as L
+from lerobot_kit.core.offline.dcp_metadata import TORCH_DTYPE_ITEMSIZE, UnsafeMetadataError, read_dcp_metadata
+from lerobot_kit.core.offline.inspect import inspect_checkpoint
+from lerobot_kit.core.offline.safetensors_header import read_safetensors_header
 from lerobot_kit.core.errors import CheckpointError
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -540,7 +540,7 @@ def test_help_documents_exit_codes() -> None:
 def test_hyphenated_alias_runs_the_same_command(tmp_path: Path) -> None:
     step_dir = write_checkpoint(tmp_path)
     proc = subprocess.run(
-        [str(LEROBOT.parent / "lerobot-inspect-checkpoint"), str(step_dir), "--json"],
+        [str(LEROBOT), "inspect-checkpoint", str(step_dir), "--json"],
         capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == 0 and json.loads(proc.stdout)["ok"] is True

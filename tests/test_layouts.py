@@ -155,7 +155,7 @@ def test_mixed_precision_trains_under_ddp_and_fsdp(tmp_path, precision, flags):
 def test_accelerate_launch_starts_a_two_process_run(tmp_path):
     out = tmp_path / "acc"
     command = [script("accelerate"), "launch", "--multi_gpu", "--num_processes=2", "--num_machines=1",
-               "--mixed_precision=no", "--dynamo_backend=no", script("lerobot-train"), f"--output_dir={out}",
+               "--mixed_precision=no", "--dynamo_backend=no", script("lerobot"), "train", f"--output_dir={out}",
                *TINY_ACT, "--parallelism.dp_shard=2", "--steps=2", "--save_freq=2"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path,
                             env=launch_env(tmp_path))
@@ -183,7 +183,7 @@ def test_two_torchrun_nodes_on_loopback_train_one_fsdp_job(tmp_path):
     from _dist_util import free_port
 
     port, out = free_port(), tmp_path / "multinode"
-    train = [script("lerobot-train"), f"--output_dir={out}", *TINY_ACT, "--parallelism.dp_shard=2", "--steps=2",
+    train = [script("lerobot"), "train", f"--output_dir={out}", *TINY_ACT, "--parallelism.dp_shard=2", "--steps=2",
              "--save_freq=2"]
     commands = [[script("torchrun"), "--nnodes=2", f"--node-rank={rank}", "--nproc-per-node=1",
                  "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=lerobot-test", *train]
@@ -202,7 +202,7 @@ def test_two_accelerate_machines_on_loopback_train_one_fsdp_job(tmp_path):
     port, out = free_port(), tmp_path / "multinode"
     commands = [[script("accelerate"), "launch", "--multi_gpu", "--num_machines=2", f"--machine_rank={rank}",
                  "--num_processes=2", "--main_process_ip=127.0.0.1", f"--main_process_port={port}",
-                 "--mixed_precision=no", "--dynamo_backend=no", script("lerobot-train"), f"--output_dir={out}",
+                 "--mixed_precision=no", "--dynamo_backend=no", script("lerobot"), "train", f"--output_dir={out}",
                  *TINY_ACT, "--parallelism.dp_shard=2", "--steps=2", "--save_freq=2"] for rank in (0, 1)]
     results = _two_nodes(commands, tmp_path)
     assert all(r.returncode == 0 for r in results), [r.stderr[-2000:] for r in results]

@@ -23,13 +23,13 @@ from lerobot_dataset_factory import (
     hub_snapshot,
     write_lerobot_dataset,
 )
-from lerobot_kit.core.dataset import DatasetMeta
+from lerobot_kit.core.data.dataset import DatasetMeta
 from lerobot_kit.core.errors import ConfigError, LerobotError
-from lerobot_kit.core.flags import parse_train_config
-from lerobot_kit.plugins.datasets.lerobot_files import LeRobotDatasetError
-from lerobot_kit.plugins.datasets.lerobot_format import LeRobotDatasetConfig
-from lerobot_kit.plugins.datasets.lerobot_reader import make_lerobot_dataset
-from lerobot_kit.plugins.manager import get_registry
+from lerobot_kit.core.config.flags import parse_train_config
+from lerobot_kit.plugins.datasets.lerobot.files import LeRobotDatasetError
+from lerobot_kit.plugins.datasets.lerobot.plugin import LeRobotDatasetConfig
+from lerobot_kit.plugins.datasets.lerobot.reader import make_lerobot_dataset
+from lerobot_kit.core.registry.registry import get_registry
 
 LENGTHS = [7, 12, 5]
 CHUNK = {ACTION_KEY: list(range(8))}  # longer than the shortest episode
@@ -366,8 +366,8 @@ def test_root_without_a_dataset_is_an_error_that_says_how_to_fix(tmp_path: Path)
 def test_allowed_download_offline_is_a_clear_error(tmp_path: Path) -> None:
     # A fresh interpreter, because huggingface_hub reads HF_HUB_OFFLINE when first imported.
     code = (
-        "from lerobot_kit.plugins.datasets.lerobot_format import LeRobotDatasetConfig\n"
-        "from lerobot_kit.plugins.datasets.lerobot_reader import make_lerobot_dataset\n"
+        "from lerobot_kit.plugins.datasets.lerobot.plugin import LeRobotDatasetConfig\n"
+        "from lerobot_kit.plugins.datasets.lerobot.reader import make_lerobot_dataset\n"
         "from lerobot_kit.core.errors import LerobotError\n"
         "try:\n"
         "    make_lerobot_dataset(LeRobotDatasetConfig(repo_id='user/x', allow_download=True), {})\n"

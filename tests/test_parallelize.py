@@ -24,22 +24,22 @@ from torch.distributed.tensor import DTensor
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _dist_util import run_ranks  # noqa: E402
 
-from lerobot_kit.core.config import (  # noqa: E402
+from lerobot_kit.core.config.schema import (  # noqa: E402
     AcceleratorConfig,
     FSDPConfig,
     MixedPrecisionPolicyConfig,
     ParallelismConfig,
 )
-from lerobot_kit.core.distributed import DistContext, all_reduce_mean, init_distributed, shutdown  # noqa: E402
+from lerobot_kit.core.distributed.process_group import DistContext, all_reduce_mean, init_distributed, shutdown  # noqa: E402
 from lerobot_kit.core.errors import ConfigError  # noqa: E402
-from lerobot_kit.core.parallelize import (  # noqa: E402
+from lerobot_kit.core.parallel.parallelize import (  # noqa: E402
     Parallelized,
     check_tied_weights,
     parallelize,
     resolve_wrap_units,
 )
-from lerobot_kit.core.precision import autocast_dtype, build_grad_scaler, build_mp_policy  # noqa: E402
-from lerobot_kit.core.topology import ParallelDims  # noqa: E402
+from lerobot_kit.core.parallel.precision import autocast_dtype, build_grad_scaler, build_mp_policy  # noqa: E402
+from lerobot_kit.core.parallel.dims import ParallelDims  # noqa: E402
 
 IN, D, OUT = 6, 16, 3
 SEED = 1234

@@ -88,9 +88,9 @@ def adapter_tensors(step: Path) -> dict[str, torch.Tensor]:
 
 def expected_adapter_keys(step: Path) -> set[str]:
     """What peft itself would save for this run's settings: the saved names of a freshly wrapped base."""
-    from lerobot_kit.core.flags import load_train_config_file
-    from lerobot_kit.core.peft import base_path_of, saved_key_map, wrap_policy
-    from lerobot_kit.core.policy import load_pretrained
+    from lerobot_kit.core.config.flags import load_train_config_file
+    from lerobot_kit.core.model.peft import base_path_of, saved_key_map, wrap_policy
+    from lerobot_kit.core.model.policy import load_pretrained
 
     config = load_train_config_file(step / "pretrained_model" / "train_config.json")
     policy, _, _ = load_pretrained(Path(str(config.policy.path)))
@@ -99,11 +99,11 @@ def expected_adapter_keys(step: Path) -> set[str]:
 
 def reproduced_loss(step: Path, scratch: Path) -> float:
     """The loss of the global batch that follows ``step``, from base file + adapter checkpoint in one process."""
-    from lerobot_kit.core.checkpoint.convert import convert_dcp
-    from lerobot_kit.core.data import DataPosition, ResumableBatchSampler
-    from lerobot_kit.core.flags import load_train_config_file
-    from lerobot_kit.core.peft import load_peft_model
-    from lerobot_kit.plugins.manager import get_registry
+    from lerobot_kit.core.offline.convert import convert_dcp
+    from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
+    from lerobot_kit.core.config.flags import load_train_config_file
+    from lerobot_kit.core.model.peft import load_peft_model
+    from lerobot_kit.core.registry.registry import get_registry
 
     config = load_train_config_file(step / "pretrained_model" / "train_config.json")
     info = json.loads((step / "training_state" / "training_step.json").read_text())
@@ -171,8 +171,8 @@ def test_loading_the_adapter_gives_the_base_unchanged_and_peft_agrees(runs, base
     """load_pretrained (merged), our unmerged loader, peft's own loader and merge_adapter agree."""
     from peft import PeftModel, get_base_model_state_dict
 
-    from lerobot_kit.core.peft import load_peft_model, merge_adapter
-    from lerobot_kit.core.policy import load_pretrained
+    from lerobot_kit.core.model.peft import load_peft_model, merge_adapter
+    from lerobot_kit.core.model.policy import load_pretrained
 
     pretrained = step_dir(runs["hsdp2x2"], STEPS) / "pretrained_model"
     ours, pre, _ = load_peft_model(pretrained)
@@ -186,8 +186,8 @@ def test_loading_the_adapter_gives_the_base_unchanged_and_peft_agrees(runs, base
     assert (tmp_path / "merged" / "model.safetensors").is_file()
     reloaded, _, _ = load_pretrained(tmp_path / "merged")
 
-    from lerobot_kit.plugins.datasets.reach import ReachDatasetConfig
-    from lerobot_kit.plugins.datasets.reach_data import make_reach_dataset
+    from lerobot_kit.plugins.datasets.reach.plugin import ReachDatasetConfig
+    from lerobot_kit.plugins.datasets.reach.data import make_reach_dataset
 
     dataset = make_reach_dataset(ReachDatasetConfig(num_episodes=2, episode_length=20), merged.config.delta_indices())
     batch = pre(torch.utils.data.default_collate([dataset[i] for i in (0, 7, 23)]))
@@ -287,10 +287,10 @@ def test_missing_peft_package_names_the_extra(tmp_path, base):
 
 def _bf16_base_with_trained_norms(base: Path, mixed_precision: str):
     """A bf16 base with its LayerNorms trained in full: peft keeps LoRA in fp32 beside bf16 norm copies."""
-    from lerobot_kit.core.config import PeftConfig, TrainConfig
-    from lerobot_kit.core.peft import align_trainable_dtypes, base_path_of, wrap_policy
-    from lerobot_kit.core.policy import load_pretrained
-    from lerobot_kit.core.topology import ParallelDims
+    from lerobot_kit.core.config.schema import PeftConfig, TrainConfig
+    from lerobot_kit.core.model.peft import align_trainable_dtypes, base_path_of, wrap_policy
+    from lerobot_kit.core.model.policy import load_pretrained
+    from lerobot_kit.core.parallel.dims import ParallelDims
     from lerobot_kit.plugins.policies.act.modeling import ACTPolicy
 
     policy, _, _ = load_pretrained(base)
@@ -329,12 +329,12 @@ def test_mixed_precision_keeps_every_trainable_parameter_fp32(base):
 @pytest.mark.parametrize("method", ["LOHA", "LOKR", "IA3"])
 def test_other_methods_train_save_and_load(base, tmp_path, method):
     """One optimizer step, the adapter-only save every format uses, and a strict reload."""
-    from lerobot_kit.core.checkpoint.formats import write_gathered
-    from lerobot_kit.core.config import PeftConfig
-    from lerobot_kit.core.peft import base_path_of, load_peft_model, wrap_policy
-    from lerobot_kit.core.policy import load_pretrained, save_pretrained
-    from lerobot_kit.plugins.datasets.reach import ReachDatasetConfig
-    from lerobot_kit.plugins.datasets.reach_data import make_reach_dataset
+    from lerobot_kit.core.checkpoint.weights import write_gathered
+    from lerobot_kit.core.config.schema import PeftConfig
+    from lerobot_kit.core.model.peft import base_path_of, load_peft_model, wrap_policy
+    from lerobot_kit.core.model.policy import load_pretrained, save_pretrained
+    from lerobot_kit.plugins.datasets.reach.plugin import ReachDatasetConfig
+    from lerobot_kit.plugins.datasets.reach.data import make_reach_dataset
 
     policy, pre, post = load_pretrained(base)
     frozen = {k: v.clone() for k, v in policy.state_dict().items()}
@@ -365,7 +365,7 @@ def test_other_methods_train_save_and_load(base, tmp_path, method):
 def test_plan_counts_only_the_adapters_as_trainable(base, runs):
     """``lerobot plan`` with --peft.*: the frozen base holds no gradients nor AdamW state;
     the trainable count equals what the real run saved as its adapter."""
-    from lerobot_kit.core.checkpoint.dcp_metadata import read_dcp_metadata, tensor_entries
+    from lerobot_kit.core.offline.dcp_metadata import read_dcp_metadata, tensor_entries
 
     adapter = load_file(runs["single"] / "checkpoints" / f"{STEPS:06d}" / "pretrained_model" / "adapter_model.safetensors")
     trained = sum(t.numel() for t in adapter.values())

@@ -27,17 +27,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _dist_util import run_ranks  # noqa: E402
 
 from lerobot_kit.cli.main import cli as cli_group  # noqa: E402
-from lerobot_kit.core.config import AcceleratorConfig  # noqa: E402
-from lerobot_kit.core.distributed import DistContext, init_distributed, shutdown  # noqa: E402
+from lerobot_kit.core.config.schema import AcceleratorConfig  # noqa: E402
+from lerobot_kit.core.distributed.process_group import DistContext, init_distributed, shutdown  # noqa: E402
 from lerobot_kit.core.errors import ConfigError  # noqa: E402
-from lerobot_kit.core.flags import parse_train_config  # noqa: E402
-from lerobot_kit.core.optim import build_optimizer  # noqa: E402
-from lerobot_kit.core.parallelize import parallelize  # noqa: E402
-from lerobot_kit.core.plan import plan_model, plan_run, shard_numel  # noqa: E402
-from lerobot_kit.core.policy import make_policy  # noqa: E402
-from lerobot_kit.core.processor import make_processors  # noqa: E402
-from lerobot_kit.core.topology import ParallelDims  # noqa: E402
-from lerobot_kit.plugins.manager import get_registry  # noqa: E402
+from lerobot_kit.core.config.flags import parse_train_config  # noqa: E402
+from lerobot_kit.core.run.optim import build_optimizer  # noqa: E402
+from lerobot_kit.core.parallel.parallelize import parallelize  # noqa: E402
+from lerobot_kit.core.parallel.memory_plan import plan_model, plan_run, shard_numel  # noqa: E402
+from lerobot_kit.core.model.policy import make_policy  # noqa: E402
+from lerobot_kit.core.model.processor import make_processors  # noqa: E402
+from lerobot_kit.core.parallel.dims import ParallelDims  # noqa: E402
+from lerobot_kit.core.registry.registry import get_registry  # noqa: E402
 
 # A small ACT whose sizes do not divide by the shard degrees (padding), with the CVAE
 # encoder kept unsharded and only encoder layers wrapped (the decoder stays in the root).

@@ -10,13 +10,13 @@ from pathlib import Path
 
 from conftest import REPO, run_cli
 
-from lerobot_kit.plugins import hookspecs
+from lerobot_kit.core.registry import hookspecs
 
 PLUGIN_MODULE = '''
 from typing import Callable
 from pydantic import Field
-from lerobot_kit.core.config import DatasetConfig, PolicyConfig
-from lerobot_kit.plugins.hookspecs import hookimpl
+from lerobot_kit.core.config.schema import DatasetConfig, PolicyConfig
+from lerobot_kit.core.registry.hookspecs import hookimpl
 
 class TinyConfig(PolicyConfig):
     type: str = "tiny"

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from lerobot_kit.core.dataset import DatasetMeta, FeatureSpec
+from lerobot_kit.core.data.dataset import DatasetMeta, FeatureSpec
 from lerobot_kit.core.errors import CheckpointError, ConfigError
-from lerobot_kit.core.processor import NormalizeStep, PolicyProcessor, make_processors
-from lerobot_kit.plugins.datasets.reach import ReachDatasetConfig
-from lerobot_kit.plugins.datasets.reach_data import IMAGE_KEY, make_reach_dataset
+from lerobot_kit.core.model.processor import NormalizeStep, PolicyProcessor, make_processors
+from lerobot_kit.plugins.datasets.reach.plugin import ReachDatasetConfig
+from lerobot_kit.plugins.datasets.reach.data import IMAGE_KEY, make_reach_dataset
 from lerobot_kit.plugins.policies.act.configuration import ACTConfig
 
 

@@ -17,9 +17,9 @@ from safetensors.torch import load_file
 from _dist_util import clean_env
 from conftest import TINY_ACT, run_cli, torchrun_train
 from fake_hub import hub_env, serve_fake_hub, unreachable_endpoint
-from lerobot_kit.core.checkpoint.layout import DCP_MODEL_DIR, MODEL_WEIGHTS, PRETRAINED_DIR
-from lerobot_kit.core.config import TrainConfig
-from lerobot_kit.core.publish import publish_final
+from lerobot_kit.core.checkpoint.paths import DCP_MODEL_DIR, MODEL_WEIGHTS, PRETRAINED_DIR
+from lerobot_kit.core.config.schema import TrainConfig
+from lerobot_kit.core.run.publish import publish_final
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -87,7 +87,7 @@ def log_lines():
 def _ctx(rank: int):
     import torch
 
-    from lerobot_kit.core.distributed import DistContext
+    from lerobot_kit.core.distributed.process_group import DistContext
 
     return DistContext(rank, rank, 2, torch.device("cpu"), "torchrun", "gloo")
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from lerobot_kit.core.dataset import DatasetMeta, InMemoryDataset
+from lerobot_kit.core.data.dataset import DatasetMeta, InMemoryDataset
 from lerobot_kit.core.errors import ConfigError
-from lerobot_kit.plugins.datasets.reach import ReachDatasetConfig
-from lerobot_kit.plugins.datasets.reach_data import IMAGE_KEY, make_reach_dataset
-from lerobot_kit.plugins.manager import get_registry
+from lerobot_kit.plugins.datasets.reach.plugin import ReachDatasetConfig
+from lerobot_kit.plugins.datasets.reach.data import IMAGE_KEY, make_reach_dataset
+from lerobot_kit.core.registry.registry import get_registry
 
 CHUNK = {"action": list(range(8))}
 

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from lerobot_kit.core.config import ParallelismConfig
+from lerobot_kit.core.config.schema import ParallelismConfig
 from lerobot_kit.core.errors import ConfigError
-from lerobot_kit.core.topology import ParallelDims
+from lerobot_kit.core.parallel.dims import ParallelDims
 
 
 @pytest.mark.parametrize(
@@ -71,8 +71,8 @@ def test_config_side_modules_do_not_import_torch() -> None:
     """`lerobot --help`, `plan` and the launcher registry must stay torch-free."""
     code = (
         "import sys\n"
-        "import lerobot_kit.core.topology, lerobot_kit.core.accelerate_guard, lerobot_kit.plugins.launchers.builtin\n"
-        "from lerobot_kit.plugins.manager import get_registry\n"
+        "import lerobot_kit.core.parallel.dims, lerobot_kit.core.distributed.accelerate_guard, lerobot_kit.plugins.launchers.builtin\n"
+        "from lerobot_kit.core.registry.registry import get_registry\n"
         "[get_registry().get('launcher', n).load() for n in get_registry().names('launcher')]\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )

@@ -18,9 +18,9 @@ import pytest
 
 from _dist_util import clean_env
 from conftest import TINY_ACT, read_metrics, torchrun_train
-from lerobot_kit.core.config import TrainConfig
+from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.errors import ConfigError
-from lerobot_kit.core.tracking import NullTracker, make_tracker
+from lerobot_kit.core.run.tracking import NullTracker, make_tracker
 
 # Prints, as JSON, what trackio's own API holds for a project: runs, their configs and logs.
 READ_BACK = """
@@ -42,7 +42,7 @@ def _python(code: str, env: dict[str, str], timeout: float = 120) -> subprocess.
 def _single_process_ctx():
     import torch
 
-    from lerobot_kit.core.distributed import DistContext
+    from lerobot_kit.core.distributed.process_group import DistContext
 
     return DistContext(0, 0, 1, torch.device("cpu"), "single", None)
 
@@ -97,10 +97,10 @@ def test_disabled_tracking_never_imports_trackio(tmp_path):
         import sys
         import torch
         from pathlib import Path
-        from lerobot_kit.core.config import TrainConfig
-        from lerobot_kit.core.distributed import DistContext
-        import lerobot_kit.core.run
-        from lerobot_kit.core.tracking import make_tracker
+        from lerobot_kit.core.config.schema import TrainConfig
+        from lerobot_kit.core.distributed.process_group import DistContext
+        import lerobot_kit.core.run.prepare
+        from lerobot_kit.core.run.tracking import make_tracker
         tracker = make_tracker(TrainConfig(), DistContext(0, 0, 1, torch.device("cpu"), "single", None), Path("x"))
         tracker.log({{"loss": 1.0}}, 1)
         tracker.finish()
@@ -131,10 +131,10 @@ SCENARIOS = READ_BACK + textwrap.dedent(
 
     import torch
     from huggingface_hub import constants
-    from lerobot_kit.core.config import TrainConfig
-    from lerobot_kit.core.distributed import DistContext
+    from lerobot_kit.core.config.schema import TrainConfig
+    from lerobot_kit.core.distributed.process_group import DistContext
     from lerobot_kit.core.errors import ConfigError
-    from lerobot_kit.core.tracking import make_tracker
+    from lerobot_kit.core.run.tracking import make_tracker
 
     ctx = DistContext(0, 0, 1, torch.device("cpu"), "single", None)
 

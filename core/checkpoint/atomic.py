@@ -12,11 +12,11 @@ import os
 import shutil
 from pathlib import Path
 
-from lerobot_kit.core.checkpoint import layout
+from lerobot_kit.core.checkpoint import paths
 
 
 def temp_step_dir(output_dir: Path, step: int) -> Path:
-    return layout.checkpoints_root(output_dir) / (layout.step_dir_name(step) + layout.TMP_SUFFIX)
+    return paths.checkpoints_root(output_dir) / (paths.step_dir_name(step) + paths.TMP_SUFFIX)
 
 
 def prepare_temp_dir(output_dir: Path, step: int) -> Path:
@@ -24,8 +24,8 @@ def prepare_temp_dir(output_dir: Path, step: int) -> Path:
     tmp = temp_step_dir(output_dir, step)
     if tmp.exists():
         shutil.rmtree(tmp)
-    (tmp / layout.PRETRAINED_DIR).mkdir(parents=True)
-    (tmp / layout.TRAINING_STATE_DIR).mkdir()
+    (tmp / paths.PRETRAINED_DIR).mkdir(parents=True)
+    (tmp / paths.TRAINING_STATE_DIR).mkdir()
     return tmp
 
 
@@ -47,14 +47,14 @@ def fsync_dir(path: Path) -> None:
 
 def publish(output_dir: Path, step: int) -> Path:
     """Main process only: make the finished temporary folder the step folder and ``last``."""
-    root = layout.checkpoints_root(output_dir)
+    root = paths.checkpoints_root(output_dir)
     tmp = temp_step_dir(output_dir, step)
-    final = root / layout.step_dir_name(step)
+    final = root / paths.step_dir_name(step)
     fsync_tree(tmp)
     if final.exists():
         # Re-saving a step (e.g. after a resume at that step): move the old one aside first
         # so that ``final`` never holds a mix of both.
-        stale = root / (layout.step_dir_name(step) + ".old")
+        stale = root / (paths.step_dir_name(step) + ".old")
         if stale.exists():
             shutil.rmtree(stale)
         os.replace(final, stale)
@@ -62,10 +62,10 @@ def publish(output_dir: Path, step: int) -> Path:
         shutil.rmtree(stale)
     else:
         os.replace(tmp, final)
-    link_tmp = root / (layout.LAST_LINK + layout.TMP_SUFFIX)
+    link_tmp = root / (paths.LAST_LINK + paths.TMP_SUFFIX)
     if link_tmp.is_symlink() or link_tmp.exists():
         link_tmp.unlink()
     link_tmp.symlink_to(final.name)
-    os.replace(link_tmp, root / layout.LAST_LINK)
+    os.replace(link_tmp, root / paths.LAST_LINK)
     fsync_dir(root)
     return final

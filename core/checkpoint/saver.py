@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from lerobot_kit.core.checkpoint import atomic
-from lerobot_kit.core.checkpoint.manager import save_checkpoint, write_checkpoint
+from lerobot_kit.core.checkpoint.save_restore import save_checkpoint, write_checkpoint
 from lerobot_kit.core.checkpoint.shard_writes import deferred_shard_writes, write_deferred
-from lerobot_kit.core.components import RunComponents
-from lerobot_kit.core.data import DataPosition
-from lerobot_kit.core.distributed import barrier
+from lerobot_kit.core.run.components import RunComponents
+from lerobot_kit.core.data.sampler import DataPosition
+from lerobot_kit.core.distributed.process_group import barrier
 from lerobot_kit.core.errors import CheckpointError, first_line
 
 logger = logging.getLogger("lerobot_kit")

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from lerobot_kit.core.checkpoint import layout
+from lerobot_kit.core.checkpoint import paths
 from lerobot_kit.core.errors import CheckpointError, first_line
 
 
@@ -40,9 +40,9 @@ def save_full_optimizer(state: dict[str, Any], directory: Path) -> None:
         for key, value in entry.items():
             tensor = value if isinstance(value, torch.Tensor) else torch.tensor(value)
             tensors[f"state.{fqn}.{key}"] = tensor.detach().to("cpu").contiguous()
-    save_file(tensors, str(directory / layout.OPTIMIZER_STATE))
+    save_file(tensors, str(directory / paths.OPTIMIZER_STATE))
     groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items()} for group in state["param_groups"]]
-    write_json(directory / layout.OPTIMIZER_PARAM_GROUPS, groups)
+    write_json(directory / paths.OPTIMIZER_PARAM_GROUPS, groups)
 
 
 def read_safetensors(path: Path, missing: str = "the checkpoint is incomplete") -> dict[str, torch.Tensor]:
@@ -56,12 +56,12 @@ def read_safetensors(path: Path, missing: str = "the checkpoint is incomplete") 
 
 
 def load_full_optimizer(directory: Path) -> dict[str, Any]:
-    tensors = read_safetensors(directory / layout.OPTIMIZER_STATE, missing="the checkpoint holds no optimizer state")
+    tensors = read_safetensors(directory / paths.OPTIMIZER_STATE, missing="the checkpoint holds no optimizer state")
     state: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in tensors.items():
         fqn, _, key = name.removeprefix("state.").rpartition(".")
         state.setdefault(fqn, {})[key] = tensor
-    groups = read_json(directory / layout.OPTIMIZER_PARAM_GROUPS)
+    groups = read_json(directory / paths.OPTIMIZER_PARAM_GROUPS)
     for group in groups:
         if "betas" in group:
             group["betas"] = tuple(group["betas"])
@@ -100,12 +100,12 @@ def restore_rng(tensors: dict[str, torch.Tensor]) -> None:
 
 def save_rng(per_rank: list[dict[str, torch.Tensor]], directory: Path) -> None:
     flat = {f"rank{rank}.{key}": value for rank, states in enumerate(per_rank) for key, value in states.items()}
-    save_file(flat, str(directory / layout.RNG_STATE))
+    save_file(flat, str(directory / paths.RNG_STATE))
 
 
 def load_rng(directory: Path, rank: int) -> dict[str, torch.Tensor] | None:
     """The RNG state saved by ``rank`` (or None when that rank did not exist then)."""
-    flat = read_safetensors(directory / layout.RNG_STATE)
+    flat = read_safetensors(directory / paths.RNG_STATE)
     prefix = f"rank{rank}."
     mine = {k.removeprefix(prefix): v for k, v in flat.items() if k.startswith(prefix)}
     return mine or None

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from torch import nn
 
-from lerobot_kit.core.checkpoint.formats import CheckpointFormat, write_gathered, write_shards
+from lerobot_kit.core.checkpoint.weights import CheckpointFormat, write_gathered, write_shards
 
 
 class SafetensorsFormat(CheckpointFormat):

@@ -15,11 +15,11 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
 from lerobot_kit.core.checkpoint.training_state import save_full_optimizer
-from lerobot_kit.core.distributed import init_distributed, shutdown
-from lerobot_kit.core.flags import CONFIG_PATH_FLAG, flags_to_dict, parse_train_config
-from lerobot_kit.core.run import prepare_run, setup_logging
-from lerobot_kit.core.tracking import NullTracker
-from lerobot_kit.core.trainer import Trainer
+from lerobot_kit.core.distributed.process_group import init_distributed, shutdown
+from lerobot_kit.core.config.flags import CONFIG_PATH_FLAG, flags_to_dict, parse_train_config
+from lerobot_kit.core.run.prepare import prepare_run, setup_logging
+from lerobot_kit.core.run.tracking import NullTracker
+from lerobot_kit.core.run.trainer import Trainer
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from lerobot_kit.core.config import PolicyConfig
+from lerobot_kit.core.config.schema import PolicyConfig
 
 
 class ACTConfig(PolicyConfig):

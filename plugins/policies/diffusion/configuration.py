@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from lerobot_kit.core.config import PolicyConfig
+from lerobot_kit.core.config.schema import PolicyConfig
 
 STATE_KEY = "observation.state"  # core.dataset.STATE_KEY, repeated: that module pulls numpy into --help
 ACTION_KEY = "action"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lerobot_kit.core.dataset import (
+from lerobot_kit.core.data.dataset import (
     ACTION_KEY,
     STATE_KEY,
     DatasetMeta,

@@ -1,0 +1,1 @@
+"""Typed run configuration: the pydantic schema and the flag parser (torch-free)."""

@@ -1,0 +1,1 @@
+"""Data: the dataset contract and the resumable sampler."""

@@ -1,0 +1,1 @@
+"""Processes: launcher contract, process-group start-up, the Accelerate environment guard."""

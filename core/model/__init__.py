@@ -1,0 +1,1 @@
+"""Policies: the base contract, processors, PEFT adapters, model assembly."""

@@ -1,0 +1,319 @@
+"""PEFT (adapter) fine-tuning around the ``peft`` package (SPEC S5).
+
+The policy is wrapped in a ``peft.PeftModel`` *before* it is parallelised, on every
+rank alike (on the meta device where the layout builds there), so FSDP2 shards the
+frozen base together with the adapters and no rank ever wraps twice, also on resume.
+
+Checkpoints hold only what ``peft`` itself would save: the adapter tensors (and the
+``--peft.full_training_modules``) under ``peft.get_peft_model_state_dict``'s naming,
+adapter name stripped, next to a genuine ``adapter_config.json`` written by ``peft``'s
+own config class. So ``PeftModel.from_pretrained(base_policy, pretrained_model_dir)``
+loads a checkpoint as is, and the DCP shards ``convert-dcp`` merges carry the same keys.
+The mapping between model parameter names and saved names comes from running peft's
+saver over placeholder tensors, never from re-implementing its naming rules.
+
+``peft`` imports ``transformers`` (seconds), so it is imported only when
+``--peft.method_type`` is set or a PEFT checkpoint is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from lerobot_kit.core.checkpoint.paths import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    DCP_MODEL_DIR,
+    MODEL_WEIGHTS,
+    POLICY_CONFIG,
+    POSTPROCESSOR,
+    PREPROCESSOR,
+    find_pretrained_dir,
+)
+from lerobot_kit.core.config.schema import PeftConfig, TrainConfig
+from lerobot_kit.core.errors import CheckpointError, ConfigError
+
+if TYPE_CHECKING:
+    from lerobot_kit.core.model.policy import Policy
+    from lerobot_kit.core.model.processor import PolicyProcessor
+    from lerobot_kit.core.parallel.dims import ParallelDims
+
+INSTALL_HINT = "pip install 'lerobot-kit[peft]'"
+ADAPTER_NAME = "default"  # peft's default; saved keys never contain it
+
+# Methods that adapt plain nn.Linear/Conv layers of any nn.Module by name and train with
+# an ordinary optimizer loop: --peft.method_type -> peft config class.
+METHODS: dict[str, str] = {"LORA": "LoraConfig", "LOHA": "LoHaConfig", "LOKR": "LoKrConfig", "IA3": "IA3Config"}
+
+
+def import_peft() -> ModuleType:
+    try:
+        import peft
+    except ImportError:
+        raise ConfigError(f"--peft.method_type needs the peft package, which is not installed: {INSTALL_HINT}") from None
+    return peft
+
+
+def is_peft_model(model: nn.Module) -> bool:
+    """True for a ``PeftModel`` (also once ``fully_shard`` has swapped its class); never imports peft."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def prepare_request(config: TrainConfig) -> None:
+    """Refuse an unusable PEFT request before any data or model is built, and pin the base.
+
+    ``--policy.path`` becomes the resolved ``pretrained_model/`` folder, so the run's
+    ``train_config.json`` names the very base the adapter trains on: a resume reloads it
+    even after a ``checkpoints/last`` it was given through has moved on.
+    """
+    method = config.peft.method_type
+    if method is None:
+        return
+    if method.upper() not in METHODS:
+        raise ConfigError(
+            f"--peft.method_type={method!r} is not a known PEFT method; known: {', '.join(METHODS)}"
+        )
+    if not config.policy.path:
+        raise ConfigError(
+            f"--peft.method_type={method} fine-tunes a pretrained policy, but --policy.path is not set: pass "
+            "--policy.path=<checkpoint step folder or its pretrained_model/> (adapters on a randomly "
+            "initialised base would learn nothing useful; drop --peft.method_type to train from scratch)"
+        )
+    if method.upper() != "LORA" and config.peft.lora_dropout:
+        raise ConfigError(f"--peft.lora_dropout applies to LORA only, not to --peft.method_type={method}")
+    import_peft()
+    config.policy.path = str(base_path_of(config.policy.path))
+
+
+def base_path_of(policy_path: str | Path) -> Path:
+    """The absolute ``pretrained_model/`` folder a ``--policy.path`` names: what adapter_config.json records."""
+    return find_pretrained_dir(Path(policy_path)).resolve()
+
+
+def wrap_policy(policy: Policy, peft_config: PeftConfig, base_path: Path) -> nn.Module:
+    """Freeze ``policy`` and add adapters: a ``PeftModel`` whose module paths start ``base_model.model.``.
+
+    Works on a meta-device policy too (the adapters are then on meta as well), so every
+    rank of a sharded layout wraps the same structure.
+    """
+    peft = import_peft()
+    targets = peft_config.target_modules or type(policy).default_peft_targets
+    if not targets:
+        raise ConfigError(
+            f"{type(policy).__name__} declares no default_peft_targets: pass --peft.target_modules "
+            "(a list of module names or a regex over module paths)"
+        )
+    _check_matches(policy, targets, "--peft.target_modules")
+    if peft_config.full_training_modules:
+        _check_matches(policy, peft_config.full_training_modules, "--peft.full_training_modules")
+    config = _method_config(peft, peft_config, targets, base_path)
+    try:
+        return peft.PeftModel(policy, config, adapter_name=ADAPTER_NAME)
+    except ValueError as exc:  # e.g. a target that is a container, not a layer peft can adapt
+        raise ConfigError(f"--peft.method_type={peft_config.method_type}: peft cannot adapt this policy: {exc}") from None
+
+
+def _method_config(peft: ModuleType, peft_config: PeftConfig, targets: list[str] | str, base_path: Path) -> Any:
+    method = str(peft_config.method_type).upper()
+    common: dict[str, Any] = {
+        "target_modules": targets,
+        "modules_to_save": peft_config.full_training_modules,
+        "base_model_name_or_path": str(base_path),
+    }
+    alpha = peft_config.lora_alpha if peft_config.lora_alpha is not None else peft_config.r
+    specific: dict[str, dict[str, Any]] = {
+        "LORA": {"r": peft_config.r, "lora_alpha": alpha, "lora_dropout": peft_config.lora_dropout},
+        "LOHA": {"r": peft_config.r, "alpha": alpha},
+        "LOKR": {"r": peft_config.r, "alpha": alpha},
+        "IA3": {"feedforward_modules": []},
+    }
+    return getattr(peft, METHODS[method])(**common, **specific[method])
+
+
+def _module_matches(path: str, pattern: list[str] | str) -> bool:
+    """peft's rule: a list names modules by (a suffix of whole) name, a string is a regex over the full path."""
+    if isinstance(pattern, str):
+        return re.fullmatch(pattern, path) is not None
+    return any(path == name or path.endswith("." + name) for name in pattern)
+
+
+def _check_matches(policy: nn.Module, pattern: list[str] | str, flag: str) -> None:
+    """Every listed name (or the regex) must select a module, or the request is a typo."""
+    paths = [path for path, _ in policy.named_modules() if path]
+    if isinstance(pattern, str):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(f"{flag}={pattern!r} is not a valid regex: {exc}") from None
+        missing = [] if any(_module_matches(p, pattern) for p in paths) else [pattern]
+    else:
+        missing = [name for name in pattern if not any(_module_matches(p, [name]) for p in paths)]
+    if missing:
+        layers = sorted({p.rpartition(".")[2] for p, m in policy.named_modules() if p and not list(m.children())})
+        how = "a string is a regex over whole module paths such as 'encoder.layers.0.self_attn.q_proj', so " \
+              "start it with '.*'" if isinstance(pattern, str) else "names match a module's name or path suffix"
+        raise ConfigError(
+            f"{flag}: {', '.join(repr(m) for m in missing)} matches no module of {type(policy).__name__} ({how}); "
+            f"its layer names are: {', '.join(layers)}"
+        )
+
+
+def align_trainable_dtypes(model: nn.Module, config: TrainConfig, dims: ParallelDims, declared: list[str] | None) -> None:
+    """FSDP2 needs one dtype among each unit's trainable parameters.
+
+    Under mixed precision every trainable parameter becomes fp32 (autocast computes in
+    low precision anyway, and a loss scaler needs fp32 gradients). Without it a sharded
+    layout with mixed trainable dtypes in one unit is refused, naming the parameters:
+    casting them silently would change what the user asked to train.
+    """
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    if config.accelerator.mixed_precision != "no":
+        for _, param in trainable:
+            if param.dtype != torch.float32:
+                param.data = param.data.float()
+        return
+    if not dims.sharded:
+        return
+    from lerobot_kit.core.parallel.parallelize import effective_wrap_units, unit_of
+
+    units, _, _, ignored = effective_wrap_units(model, config.accelerator.fsdp, declared)
+    by_unit: dict[str, dict[torch.dtype, list[str]]] = {}
+    for name, param in trainable:
+        if param not in ignored:
+            by_unit.setdefault(unit_of(name, units), {}).setdefault(param.dtype, []).append(name)
+    for unit, dtypes in by_unit.items():
+        if len(dtypes) > 1:
+            listed = "; ".join(
+                f"{str(dtype).removeprefix('torch.')}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
+                for dtype, names in dtypes.items()
+            )
+            raise ConfigError(
+                f"FSDP unit {unit or '<root>'!r} has trainable parameters of different dtypes ({listed}); "
+                "FSDP2 shards a unit's trainable parameters as one dtype: set --accelerator.mixed_precision=bf16 "
+                "(trainable parameters are then kept in fp32), or give the base model one dtype"
+            )
+
+
+# --- saved naming -----------------------------------------------------------------------
+
+
+def saved_key_map(model: nn.Module) -> dict[str, str]:
+    """Model state-dict key -> key in ``adapter_model.safetensors``, for the adapter's tensors.
+
+    Runs peft's own saver over placeholder tensors and follows them by identity, so the
+    keys are exactly peft's, whatever the method. Cheap and collective-free on sharded models.
+    """
+    peft = import_peft()
+    placeholders = {key: torch.empty(0) for key in model.state_dict().keys()}
+    saved = peft.get_peft_model_state_dict(
+        model, state_dict=placeholders, adapter_name=ADAPTER_NAME, save_embedding_layers=False
+    )
+    key_of = {id(tensor): key for key, tensor in placeholders.items()}
+    return {key_of[id(tensor)]: saved_key for saved_key, tensor in saved.items()}
+
+
+def to_saved_keys(model: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+    """The adapter part of a model state dict, under the saved names. ``state`` must hold every adapter key."""
+    mapping = saved_key_map(model)
+    missing = [key for key in mapping if key not in state]
+    if missing:
+        raise RuntimeError(f"the state dict lacks adapter tensors {missing[:3]}: was it taken with frozen adapters dropped?")
+    return {saved: state[key] for key, saved in mapping.items()}
+
+
+def to_model_keys(model: nn.Module, saved: dict[str, Any], source: Path) -> dict[str, Any]:
+    """Saved adapter tensors under the model's keys; every adapter tensor must be there, nothing else."""
+    model_key = {saved_key: key for key, saved_key in saved_key_map(model).items()}
+    unexpected = sorted(set(saved) - set(model_key))
+    missing = sorted(set(model_key) - set(saved))
+    if unexpected or missing:
+        raise CheckpointError(
+            f"{source}: does not fit this adapter configuration (missing {missing[:3]}, unexpected {unexpected[:3]}); "
+            "was it saved with other --peft settings or another policy shape?"
+        )
+    return {model_key[key]: tensor for key, tensor in saved.items()}
+
+
+def save_adapter_config(model: nn.Module, directory: Path) -> None:
+    """``adapter_config.json``, written by peft's own config class (so peft loads it as its own)."""
+    model.peft_config[ADAPTER_NAME].save_pretrained(str(directory))
+
+
+# --- loading for use --------------------------------------------------------------------
+
+
+def is_adapter_dir(directory: Path) -> bool:
+    """A ``pretrained_model/`` holding an adapter instead of full weights."""
+    return (directory / ADAPTER_CONFIG).is_file() and not (directory / MODEL_WEIGHTS).is_file()
+
+
+def recorded_base(directory: Path) -> Path:
+    """The base ``pretrained_model/`` an adapter folder's ``adapter_config.json`` names; it must exist."""
+    config_file = directory / ADAPTER_CONFIG
+    try:
+        recorded = json.loads(config_file.read_text()).get("base_model_name_or_path")
+    except (OSError, json.JSONDecodeError, AttributeError) as exc:
+        raise CheckpointError(f"{config_file}: unreadable adapter config ({exc})") from None
+    if not recorded:
+        raise CheckpointError(f"{config_file}: records no base_model_name_or_path, so the base policy is unknown")
+    base = Path(recorded)
+    if not (base / POLICY_CONFIG).is_file():
+        raise CheckpointError(
+            f"{config_file}: its base policy {base} is gone (no {POLICY_CONFIG} there); put the base back, or edit "
+            "base_model_name_or_path to where it now lives"
+        )
+    return base
+
+
+def load_peft_model(directory: Path) -> tuple[nn.Module, PolicyProcessor, PolicyProcessor]:
+    """The base policy its ``adapter_config.json`` names, with this folder's adapter applied (not merged).
+
+    Strict where ``PeftModel.from_pretrained`` only warns: a missing or extra adapter
+    tensor is an error. The processors are the adapter folder's (those the run trained with).
+    """
+    from lerobot_kit.core.checkpoint.weights import read_safetensors
+    from lerobot_kit.core.model.policy import load_pretrained
+    from lerobot_kit.core.model.processor import PolicyProcessor
+
+    peft = import_peft()
+    directory = find_pretrained_dir(Path(directory))
+    weights = directory / ADAPTER_WEIGHTS
+    if not weights.is_file():
+        merge = f"; merge its shards first: lerobot convert-dcp --checkpoint_dir={directory.parent}" if (
+            directory / DCP_MODEL_DIR).is_dir() else ""
+        raise CheckpointError(f"{directory}: has {ADAPTER_CONFIG} but no {ADAPTER_WEIGHTS}{merge}")
+    base, _, _ = load_pretrained(recorded_base(directory))
+    config = peft.PeftConfig.from_pretrained(str(directory))
+    config.inference_mode = True
+    model = peft.PeftModel(base, config, adapter_name=ADAPTER_NAME)
+    state = to_model_keys(model, read_safetensors(weights), weights)
+    model.load_state_dict(state, strict=False)
+    model.eval()
+    return model, PolicyProcessor.load(directory, PREPROCESSOR), PolicyProcessor.load(directory, POSTPROCESSOR)
+
+
+def load_merged_policy(directory: Path) -> tuple[Policy, PolicyProcessor, PolicyProcessor]:
+    """A plain ``Policy``: base + adapter with the adapter folded into the base weights."""
+    model, pre, post = load_peft_model(directory)
+    return model.merge_and_unload(), pre, post
+
+
+def merge_adapter(pretrained_dir: Path, output_dir: Path) -> Path:
+    """Write ``output_dir`` as a plain ``pretrained_model/`` (``model.safetensors``) of base + adapter merged.
+
+    The result loads without peft, with ``--policy.path`` or ``load_pretrained``.
+    """
+    from lerobot_kit.core.model.policy import save_pretrained
+
+    policy, pre, post = load_merged_policy(pretrained_dir)
+    save_pretrained(policy, policy.meta, pre, post, policy.state_dict(), Path(output_dir))
+    return Path(output_dir)

@@ -1,0 +1,255 @@
+"""The policy contract the trainer drives, and the ``pretrained_model/`` folder format.
+
+A policy sees only normalised batches (the processors of ``core.processor`` sit
+around it), declares its FSDP wrap units and default PEFT targets as class
+attributes, and can be built on the meta device: ``init_weights`` re-creates every
+parameter from the torch RNG, and construction itself runs ``init_weights`` from the
+RNG state it was entered with, so ``manual_seed(s); Policy(...)`` and ``manual_seed(s);
+meta build; to_empty; init_weights()`` give the same weights.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+from pydantic import ValidationError
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from lerobot_kit.core.checkpoint.paths import (
+    ADAPTER_CONFIG,
+    DATASET_META,
+    DCP_MODEL_DIR,
+    MODEL_WEIGHTS,
+    POLICY_CONFIG,
+    POSTPROCESSOR,
+    PREPROCESSOR,
+    find_pretrained_dir,
+)
+from lerobot_kit.core.config.schema import PolicyConfig
+from lerobot_kit.core.data.dataset import ACTION_KEY, STATE_KEY, DatasetMeta
+from lerobot_kit.core.errors import CheckpointError, ConfigError, PluginError
+from lerobot_kit.core.model.processor import PolicyProcessor
+
+
+class Policy(nn.Module):
+    """Base of every policy.
+
+    A subclass captures ``rng = torch.get_rng_state()`` first thing in ``__init__``,
+    calls ``super().__init__``, builds its modules, and ends with
+    ``self._init_from_entry_rng(rng)``; that is what makes a CPU build and a
+    meta-device build + ``init_weights`` agree.
+    """
+
+    config_class: ClassVar[type[PolicyConfig]]
+    _fsdp_wrap_modules: ClassVar[list[str] | None] = None
+    default_peft_targets: ClassVar[list[str] | str | None] = None
+    # Set by action-chunking policies that use ``_next_from_queue``: deque(maxlen=n_action_steps).
+    _action_queue: deque[Tensor]
+
+    def __init__(self, config: PolicyConfig, meta: DatasetMeta) -> None:
+        super().__init__()
+        if not isinstance(config, self.config_class):
+            raise ConfigError(
+                f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__} "
+                f"(policy.type={config.type!r})"
+            )
+        self.config = config
+        self.meta = meta
+
+    def init_weights(self) -> None:
+        """(Re)initialise every parameter and buffer from the current torch RNG, in module order.
+
+        The default calls ``reset_parameters()`` on each submodule that has one; a policy
+        with other parameters overrides this.
+        """
+        for module in self.modules():
+            if module is not self and callable(getattr(module, "reset_parameters", None)):
+                module.reset_parameters()
+
+    def _init_from_entry_rng(self, rng_state: Tensor) -> None:
+        """Re-seat the RNG where ``__init__`` began, then ``init_weights`` (see the module doc)."""
+        torch.set_rng_state(rng_state)
+        with torch.no_grad():
+            self.init_weights()
+
+    def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        """Training loss on a normalised batch, plus detached scalar metrics."""
+        raise NotImplementedError
+
+    def select_action(self, batch: dict[str, Tensor]) -> Tensor:
+        """Next normalised action [B, action_dim] for normalised observations."""
+        raise NotImplementedError
+
+    def predict_action_chunk(self, batch: dict[str, Tensor]) -> Tensor:
+        """A normalised chunk of actions [B, chunk, action_dim], for policies that predict chunks."""
+        raise NotImplementedError
+
+    def _next_from_queue(self, batch: dict[str, Tensor]) -> Tensor:
+        """``select_action`` of an action-chunking policy: pop ``self._action_queue``, and
+        predict a new chunk (its first ``n_action_steps`` = the queue's ``maxlen``) only
+        when the queue is empty, so a chunk is executed open-loop before re-planning."""
+        queue = self._action_queue
+        if not queue:
+            chunk = self.predict_action_chunk(batch)[:, : queue.maxlen]
+            queue.extend(chunk.transpose(0, 1))
+        return queue.popleft()
+
+    def reset(self) -> None:
+        """Forget per-episode state (action queues); call at each episode start."""
+
+
+def feature_dims(meta: DatasetMeta, policy_name: str) -> tuple[list[str], int, int]:
+    """(camera keys, state size or 0 without a state, action size) for a policy that reads
+    a state and/or cameras and predicts actions; refuses, naming the policy, a dataset
+    that leaves it nothing to predict or nothing to observe."""
+    if ACTION_KEY not in meta.features:
+        raise ConfigError(f"{policy_name} needs an {ACTION_KEY!r} feature; the dataset has {sorted(meta.features)}")
+    image_keys = meta.image_keys()
+    state_dim = meta.features[STATE_KEY].shape[0] if STATE_KEY in meta.features else 0
+    if not state_dim and not image_keys:
+        raise ConfigError(
+            f"{policy_name} needs {STATE_KEY!r} or an image feature; the dataset has {sorted(meta.features)}"
+        )
+    return image_keys, state_dim, meta.features[ACTION_KEY].shape[0]
+
+
+def make_policy(config: PolicyConfig, meta: DatasetMeta) -> Policy:
+    """Construct the policy registered under ``config.type`` (on the current default device)."""
+    from lerobot_kit.core.registry.registry import get_registry
+
+    registration = get_registry().get("policy", config.type)
+    policy_class = registration.load()
+    if not (isinstance(policy_class, type) and issubclass(policy_class, Policy)):
+        raise PluginError(
+            f"plugin {registration.plugin.name!r} registered policy {config.type!r} as {policy_class!r}, "
+            "which is not a subclass of lerobot_kit.core.model.policy.Policy"
+        )
+    return policy_class(config, meta)
+
+
+def save_pretrained(
+    policy: nn.Module,
+    meta: DatasetMeta,
+    preprocessor: PolicyProcessor | None,
+    postprocessor: PolicyProcessor | None,
+    state_dict: dict[str, Tensor] | None,
+    directory: Path,
+) -> None:
+    """Write a loadable ``pretrained_model/``; weights only when ``state_dict`` is given.
+
+    ``policy`` may be wrapped (DDP, PEFT): its config comes from the ``Policy`` inside.
+    ``state_dict`` must hold full (gathered) tensors; sharded runs that keep only DCP
+    shards pass None and write the shards themselves.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    inner = next((m for m in policy.modules() if isinstance(m, Policy)), None)
+    if inner is None:
+        raise TypeError(f"save_pretrained needs a Policy (or a wrapper around one), got {type(policy).__name__}")
+    _write_json(directory / POLICY_CONFIG, inner.config.model_dump(mode="json"))
+    _write_json(directory / DATASET_META, meta.to_json())
+    if preprocessor is not None:
+        preprocessor.save(directory, PREPROCESSOR)
+    if postprocessor is not None:
+        postprocessor.save(directory, POSTPROCESSOR)
+    from lerobot_kit.core.model.peft import is_peft_model, save_adapter_config
+
+    if is_peft_model(policy):
+        save_adapter_config(policy, directory)
+    if state_dict is not None:
+        # A private contiguous CPU copy: safetensors refuses views and shared storage.
+        tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
+        save_file(tensors, str(directory / MODEL_WEIGHTS), metadata={"format": "pt"})
+
+
+def load_pretrained(directory: Path, *, load_weights: bool = True) -> tuple[Policy, PolicyProcessor, PolicyProcessor]:
+    """Rebuild a policy and its processors from a ``pretrained_model/`` (or its step folder).
+
+    ``load_weights=False`` returns the freshly initialised policy, for callers that
+    load weights another way (DCP shards, a PEFT adapter).
+
+    A PEFT folder (adapter, no full weights) gives its base policy, loaded from the path
+    ``adapter_config.json`` records, with the adapter merged in: a plain ``Policy``
+    (``lerobot_kit.core.model.peft.load_peft_model`` keeps the adapter unmerged).
+    """
+    from lerobot_kit.core.model.peft import is_adapter_dir, load_merged_policy
+    from lerobot_kit.core.registry.registry import get_registry
+
+    directory = find_pretrained_dir(Path(directory))
+    if load_weights and is_adapter_dir(directory):
+        return load_merged_policy(directory)
+    config_json = _read_json(directory / POLICY_CONFIG)
+    policy_type = config_json.get("type")
+    if not isinstance(policy_type, str):
+        raise CheckpointError(f"{directory / POLICY_CONFIG}: no policy 'type' field")
+    registration = get_registry().get("policy", policy_type)
+    try:
+        config = registration.config_class.model_validate(config_json)
+    except ValidationError as exc:
+        raise CheckpointError(f"{directory / POLICY_CONFIG}: not a valid {policy_type!r} config: {exc}") from None
+    try:
+        meta = DatasetMeta.from_json(_read_json(directory / DATASET_META))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{directory / DATASET_META}: malformed ({type(exc).__name__}: {exc})") from None
+    if load_weights and not (directory / MODEL_WEIGHTS).is_file():
+        raise CheckpointError(_missing_weights_message(directory))  # before paying for the build
+    policy = make_policy(config, meta)
+    if load_weights:
+        load_pretrained_weights(policy, directory)
+    preprocessor = PolicyProcessor.load(directory, PREPROCESSOR)
+    postprocessor = PolicyProcessor.load(directory, POSTPROCESSOR)
+    return policy, preprocessor, postprocessor
+
+
+def load_pretrained_weights(policy: Policy, path: Path) -> None:
+    """Load the ``model.safetensors`` of a pretrained folder (or step folder) into ``policy``.
+
+    Strict: a missing, extra or mis-shaped tensor means the folder was saved by another
+    policy shape, which must not be half-loaded silently.
+    """
+    directory = find_pretrained_dir(Path(path))
+    weights_path = directory / MODEL_WEIGHTS
+    if not weights_path.is_file():
+        raise CheckpointError(_missing_weights_message(directory))
+    try:
+        state = load_file(str(weights_path))
+    except Exception as exc:  # noqa: BLE001 - any read failure means a damaged file
+        raise CheckpointError(f"{weights_path}: unreadable safetensors file ({exc})") from None
+    try:
+        policy.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise CheckpointError(
+            f"{weights_path} does not fit this {type(policy).__name__} (saved with other settings or features?): {exc}"
+        ) from None
+
+
+def _missing_weights_message(directory: Path) -> str:
+    if (directory / DCP_MODEL_DIR).is_dir():
+        return (
+            f"{directory} holds only DCP weight shards ({DCP_MODEL_DIR}/), no {MODEL_WEIGHTS}; "
+            f"merge them first: lerobot convert-dcp --checkpoint_dir={directory.parent}"
+        )
+    if (directory / ADAPTER_CONFIG).is_file():
+        return (
+            f"{directory} holds a PEFT adapter, not full weights; load it with load_pretrained, or merge it into "
+            "a plain model.safetensors with lerobot_kit.core.model.peft.merge_adapter"
+        )
+    return f"{directory}: no {MODEL_WEIGHTS}; the pretrained_model folder is incomplete"
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing; the pretrained_model folder is incomplete") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc}); the file is damaged") from None

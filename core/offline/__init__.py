@@ -1,0 +1,1 @@
+"""Offline checkpoint tools (convert, inspect) and the torch-free readers they share."""

@@ -1,0 +1,322 @@
+"""``convert-dcp``: merge the DCP weight shards of a checkpoint into one safetensors file.
+
+Runs offline in one process: no process group, no GPU. The model never sits in memory
+at once: each shard chunk is decoded alone and appended to a safetensors file whose header
+is computed up front from the DCP metadata — the ``safetensors`` package only writes a
+whole dict at once, which would cost the full model in RAM. Peak memory is one chunk for
+FSDP's row shards (one tensor plus one chunk for any other split).
+
+The output is written under a temporary name with a CRC-32 per tensor, fsynced, dropped
+from the page cache and read back from the disk against those checksums, and only then
+renamed into place; shards are deleted (``delete_dcp``) only after that rename. A crash
+or a failed check leaves no output file and the shards untouched.
+
+PEFT checkpoints (``adapter_config.json`` next to the shards) become
+``adapter_model.safetensors``. Keys are copied as they are: the PEFT saver writes shard
+keys already in PEFT's own naming (adapter name stripped, as
+``peft.get_peft_model_state_dict`` returns them), so no renaming happens here.
+
+``.metadata`` is a pickle: it is read by ``dcp_metadata``'s restricted unpickler (no code
+from the checkpoint runs) and checked against the shard files; chunks are decoded by
+``dcp_chunks`` with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import struct
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lerobot_kit.core.checkpoint import dcp_metadata
+from lerobot_kit.core.offline.dcp_chunks import ChunkReader, row_blocks
+from lerobot_kit.core.checkpoint.atomic import fsync_dir
+from lerobot_kit.core.offline.safetensors_header import METADATA_KEY, read_safetensors_header, tensors
+from lerobot_kit.core.checkpoint.paths import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    DCP_MODEL_DIR,
+    MODEL_WEIGHTS,
+    PRETRAINED_DIR,
+    TMP_SUFFIX,
+    find_step_dir,
+)
+from lerobot_kit.core.errors import CheckpointError
+
+# torch dtype -> safetensors dtype tag. Optional dtypes are looked up by name so an
+# older torch without them still imports this module.
+_SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
+    dtype: tag
+    for name, tag in [
+        ("float64", "F64"),
+        ("float32", "F32"),
+        ("float16", "F16"),
+        ("bfloat16", "BF16"),
+        ("int64", "I64"),
+        ("int32", "I32"),
+        ("int16", "I16"),
+        ("int8", "I8"),
+        ("uint8", "U8"),
+        ("bool", "BOOL"),
+        ("uint16", "U16"),
+        ("uint32", "U32"),
+        ("uint64", "U64"),
+        ("float8_e4m3fn", "F8_E4M3"),
+        ("float8_e5m2", "F8_E5M2"),
+        ("complex64", "C64"),
+    ]
+    if isinstance(dtype := getattr(torch, name, None), torch.dtype)
+}
+
+
+@dataclass(frozen=True)
+class _Entry:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    nbytes: int
+    stored: dcp_metadata.TensorStorageMetadata
+
+
+def _entries(dcp_dir: Path, metadata: dcp_metadata.Metadata) -> list[_Entry]:
+    """The tensors to write, in safetensors' own order (widest dtype first, then by name,
+    which keeps every tensor aligned to its element size in the file), after refusing
+    what cannot become a safetensors file."""
+    problems = dcp_metadata.check_dcp_shards(dcp_dir, metadata)
+    if problems:
+        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        raise CheckpointError(f"partial or damaged shard folder, cannot convert: {problems[0]}{more}")
+    entries = []
+    for name, entry in metadata.state_dict_metadata.items():
+        if not isinstance(entry, dcp_metadata.TensorStorageMetadata):
+            raise CheckpointError(f"{dcp_dir}: entry {name!r} is not a tensor; safetensors can hold only tensors")
+        dtype = getattr(torch, entry.properties.dtype.name, None)
+        if not isinstance(dtype, torch.dtype) or dtype not in _SAFETENSORS_DTYPES:
+            raise CheckpointError(
+                f"{dcp_dir}: tensor {name!r} has dtype {entry.properties.dtype}, which safetensors cannot store"
+            )
+        shape = tuple(entry.size)
+        entries.append(_Entry(name, dtype, shape, math.prod(shape) * dtype.itemsize, entry))
+    return sorted(entries, key=lambda e: (-e.dtype.itemsize, e.name))
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    output: Path
+    tensors: int
+    nbytes: int
+    seconds: float
+    peft: bool
+    deleted_dcp: bool
+
+    def summary(self) -> str:
+        rate = self.nbytes / 1e6 / max(self.seconds, 1e-9)
+        size = f"{self.nbytes / 1e6:.1f} MB" if self.nbytes >= 100_000 else f"{self.nbytes} bytes"
+        return (
+            f"converted {self.tensors} tensors, {size} -> {self.output} in {self.seconds:.2f}s "
+            f"({rate:.1f} MB/s)" + ("; DCP shards deleted" if self.deleted_dcp else "")
+        )
+
+
+_VERIFY_BLOCK = 8 << 20
+"""Bytes read back per ``readinto`` while verifying."""
+
+Progress = Callable[[str, int, int], None]
+"""``(phase, bytes_done, bytes_total)``; phase is "write" or "verify"."""
+
+
+def resolve_pretrained_dir(checkpoint_dir: Path) -> Path:
+    """A step folder, its ``pretrained_model/``, or a run folder (its ``last`` step)."""
+    checkpoint_dir = Path(checkpoint_dir)
+    if not checkpoint_dir.exists():
+        raise CheckpointError(f"{checkpoint_dir}: no such checkpoint folder")
+    if (checkpoint_dir / DCP_MODEL_DIR).is_dir() or checkpoint_dir.name == PRETRAINED_DIR:
+        return checkpoint_dir
+    return find_step_dir(checkpoint_dir) / PRETRAINED_DIR
+
+
+def convert_dcp(
+    checkpoint_dir: Path,
+    *,
+    overwrite: bool = False,
+    delete_dcp: bool = False,
+    progress: Progress | None = None,
+) -> ConvertResult:
+    """Merge ``pretrained_model/pytorch_model_fsdp_0/`` into ``model.safetensors``.
+
+    Raises CheckpointError, leaving every existing file as it was, when the shards are
+    missing, partial or corrupt, when the output exists and ``overwrite`` is false, or
+    when the written file does not read back equal to the shards.
+    """
+    started = time.monotonic()
+    pretrained = resolve_pretrained_dir(checkpoint_dir)
+    dcp_dir = pretrained / DCP_MODEL_DIR
+    peft = (pretrained / ADAPTER_CONFIG).is_file()
+    output = pretrained / (ADAPTER_WEIGHTS if peft else MODEL_WEIGHTS)
+    if not dcp_dir.is_dir():
+        existing = f"; {output.name} exists and may already hold the weights" if output.exists() else ""
+        raise CheckpointError(
+            f"{pretrained}: this checkpoint has no DCP weight shards ({DCP_MODEL_DIR}/ is missing){existing}"
+        )
+    if output.exists() and not overwrite:
+        raise CheckpointError(f"{output} already exists; pass --overwrite=true to replace it")
+
+    metadata = dcp_metadata.read_dcp_metadata(dcp_dir)
+    entries = _entries(dcp_dir, metadata)
+    tmp = output.with_name(output.name + TMP_SUFFIX)
+    try:
+        header = _header(entries)
+        with ChunkReader(dcp_dir, metadata) as reader:
+            checksums = _write(tmp, header, entries, reader, progress)
+        _verify(tmp, len(header), entries, checksums, progress)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, output)
+    fsync_dir(pretrained)
+    if delete_dcp:
+        try:
+            shutil.rmtree(dcp_dir)
+        except OSError as exc:
+            raise CheckpointError(
+                f"{output} is written and verified, but deleting {dcp_dir} failed ({exc.strerror or exc}); "
+                "delete it by hand"
+            ) from exc
+    return ConvertResult(
+        output=output,
+        tensors=len(entries),
+        nbytes=sum(e.nbytes for e in entries),
+        seconds=time.monotonic() - started,
+        peft=peft,
+        deleted_dcp=delete_dcp,
+    )
+
+
+def _header(entries: list[_Entry]) -> bytes:
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for e in entries:
+        header[e.name] = {
+            "dtype": _SAFETENSORS_DTYPES[e.dtype],
+            "shape": list(e.shape),
+            "data_offsets": [offset, offset + e.nbytes],
+        }
+        offset += e.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text
+
+
+def _write(
+    tmp: Path, header: bytes, entries: list[_Entry], reader: ChunkReader, progress: Progress | None
+) -> list[int]:
+    """Write ``header`` and then every tensor's bytes to ``tmp``, fsync it, and return a
+    CRC-32 per tensor of the bytes handed to the disk.
+
+    A tensor whose chunks are whole-row runs (FSDP's dim-0 shards) is written chunk by
+    chunk as each is decoded, so no tensor-sized buffer exists; any other split is
+    assembled into one tensor first. Peak memory: one chunk, or one tensor plus one chunk.
+    """
+    total = sum(e.nbytes for e in entries)
+    checksums: list[int] = []
+    done = 0
+    with tmp.open("wb", buffering=0) as file:
+        _write_all(file, memoryview(header))
+        for e in entries:
+            checksum = 0
+            for piece in _pieces(e, reader):
+                data = memoryview(_as_bytes(piece).numpy())
+                checksum = zlib.crc32(data, checksum)
+                _write_all(file, data)
+                del piece, data
+            checksums.append(checksum)
+            done += e.nbytes
+            if progress:
+                progress("write", done, total)
+        os.fsync(file.fileno())
+        _drop_cached_pages(file.fileno())
+    return checksums
+
+
+def _pieces(e: _Entry, reader: ChunkReader) -> Iterator[torch.Tensor]:
+    """The tensor's data in file order: its row chunks one by one, or the assembled whole."""
+    blocks = row_blocks(e.stored)
+    if blocks is not None:
+        for chunk in blocks:
+            yield reader.read(e.name, chunk, e.dtype)
+        return
+    whole = torch.empty(e.shape, dtype=e.dtype)
+    for chunk, data in reader.chunks(e.name, e.stored, e.dtype):
+        whole[tuple(slice(o, o + n) for o, n in zip(chunk.offsets, chunk.sizes, strict=True))].copy_(data)
+        del data
+    yield whole
+
+
+def _verify(
+    tmp: Path, data_start: int, entries: list[_Entry], checksums: list[int], progress: Progress | None
+) -> None:
+    """Read the file back from the disk (its pages were dropped from the cache after the
+    fsync) and match each tensor's bytes against the CRC taken while writing; the header
+    must list exactly the shards' tensors."""
+    _check_header(tmp, entries)
+    total = sum(e.nbytes for e in entries)
+    block = memoryview(bytearray(min(_VERIFY_BLOCK, max((e.nbytes for e in entries), default=0))))
+    done = 0
+    with tmp.open("rb", buffering=0) as file:
+        file.seek(data_start)
+        for e, expected in zip(entries, checksums, strict=True):
+            checksum, left = 0, e.nbytes
+            while left:
+                got = file.readinto(block[: min(left, len(block))])
+                if not got:
+                    break
+                checksum = zlib.crc32(block[:got], checksum)
+                left -= got
+            if left or checksum != expected:
+                raise CheckpointError(f"{tmp}: {e.name} reads back different from the shards; disk or memory fault?")
+            done += e.nbytes
+            if progress:
+                progress("verify", done, total)
+
+
+def _check_header(tmp: Path, entries: list[_Entry]) -> None:
+    """The written header must list exactly the shards' tensors, as torch's format."""
+    header = read_safetensors_header(tmp)
+    listed = {name: (entry["dtype"], tuple(entry["shape"])) for name, entry in tensors(header).items()}
+    expected = {e.name: (_SAFETENSORS_DTYPES[e.dtype], e.shape) for e in entries}
+    if listed != expected:
+        first = next(n for n in sorted(set(listed) | set(expected)) if listed.get(n) != expected.get(n))
+        raise CheckpointError(
+            f"{tmp}: the file just written lists {first!r} as {listed.get(first)}, "
+            f"the shards hold {expected.get(first)}"
+        )
+    if header.get(METADATA_KEY) != {"format": "pt"}:
+        raise CheckpointError(f"{tmp}: the file just written lacks safetensors' torch format tag")
+
+
+def _drop_cached_pages(fd: int) -> None:
+    """Ask the kernel to forget the (already fsynced, so clean) pages of ``fd``, so that
+    reading them back tests the disk rather than memory. Advisory: a no-op where the
+    platform lacks it."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is not None:
+        advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def _write_all(file: Any, data: memoryview) -> None:
+    """An unbuffered ``write`` may take less than it is given."""
+    while data:
+        data = data[file.write(data) :]
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.contiguous().reshape(-1).view(torch.uint8)

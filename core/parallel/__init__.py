@@ -1,0 +1,1 @@
+"""Parallelism: degrees and mesh, the parallelize pipeline, precision, the memory plan."""

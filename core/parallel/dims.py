@@ -1,0 +1,114 @@
+"""Data-parallel degrees: what the user declared, resolved against the launched world.
+
+The declared degrees (``--parallelism.dp_replicate/dp_shard``, possibly unset or ``-1``)
+stay in ``train_config.json`` so a resume on another world size re-resolves them; the
+resolved ``ParallelDims`` go to ``training_step.json`` (``to_json``). This module is
+torch-free except ``build_mesh``, so planning and config code can use it without torch.
+
+Layouts (SPEC S3): ``R`` = dp_replicate, ``S`` = dp_shard, ``R × S`` = world size.
+
+- single: one process, no wrapper.
+- ddp: ``S == 1`` — every process holds a full replica (the default of a launch).
+- fsdp: ``R == 1, S > 1`` — FSDP2 over a 1-D mesh ``("dp_shard",)``.
+- hsdp: ``R > 1, S > 1`` — FSDP2 over a 2-D mesh ``("dp_replicate", "dp_shard")``:
+  shard inside a row, all-reduce across rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from lerobot_kit.core.config.schema import ParallelismConfig
+from lerobot_kit.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+MESH_DIMS_HSDP = ("dp_replicate", "dp_shard")
+MESH_DIMS_FSDP = ("dp_shard",)
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    dp_replicate: int
+    dp_shard: int
+    world_size: int
+
+    @classmethod
+    def resolve(cls, declared: ParallelismConfig, world_size: int) -> ParallelDims:
+        """Turn the declared degrees into concrete ones for ``world_size`` processes.
+
+        Unset both: DDP over everything. ``dp_shard=-1``: shard over what the replicas
+        leave. Only one of them set: the other is 1 (no guessing a hybrid layout).
+        """
+        if world_size < 1:
+            raise ConfigError(f"world size must be at least 1, got {world_size}")
+        replicate, shard = declared.dp_replicate, declared.dp_shard
+        if replicate is not None and replicate < 1:
+            raise ConfigError(
+                f"--parallelism.dp_replicate={replicate} is invalid: use a positive number of replica "
+                "groups, or leave it unset"
+            )
+        if shard is not None and shard < 1 and shard != -1:
+            raise ConfigError(
+                f"--parallelism.dp_shard={shard} is invalid: use a positive shard degree, -1 (all processes "
+                "left after dp_replicate), or leave it unset"
+            )
+        if replicate is None and shard is None:
+            return cls(dp_replicate=world_size, dp_shard=1, world_size=world_size)
+        r = replicate if replicate is not None else 1
+        if shard == -1:
+            if world_size % r:
+                raise ConfigError(
+                    f"--parallelism.dp_shard=-1 with --parallelism.dp_replicate={r} needs a world size divisible "
+                    f"by {r}, but {world_size} processes were launched: launch a multiple of {r} processes or "
+                    "change dp_replicate"
+                )
+            s = world_size // r
+        else:
+            s = shard if shard is not None else 1
+        if r * s != world_size:
+            raise ConfigError(
+                f"--parallelism.dp_replicate={r} × --parallelism.dp_shard={s} = {r * s} does not match the "
+                f"world size of {world_size} launched processes: make dp_replicate × dp_shard = {world_size} "
+                f"(e.g. --parallelism.dp_shard=-1 to shard over all of them), or launch {r * s} processes"
+            )
+        return cls(dp_replicate=r, dp_shard=s, world_size=world_size)
+
+    @property
+    def layout(self) -> str:
+        if self.world_size == 1:
+            return "single"
+        if self.dp_shard == 1:
+            return "ddp"
+        return "fsdp" if self.dp_replicate == 1 else "hsdp"
+
+    @property
+    def sharded(self) -> bool:
+        return self.dp_shard > 1
+
+    @property
+    def dp_world_size(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size,
+            "dp_replicate": self.dp_replicate,
+            "dp_shard": self.dp_shard,
+            "layout": self.layout,
+        }
+
+    def build_mesh(self, device_type: str) -> DeviceMesh | None:
+        """The FSDP2 mesh for sharded layouts; ``None`` when nothing is sharded.
+
+        Needs an initialised default process group of ``world_size`` ranks.
+        """
+        if not self.sharded:
+            return None
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if self.layout == "hsdp":
+            return init_device_mesh(device_type, (self.dp_replicate, self.dp_shard), mesh_dim_names=MESH_DIMS_HSDP)
+        return init_device_mesh(device_type, (self.dp_shard,), mesh_dim_names=MESH_DIMS_FSDP)

@@ -1,0 +1,1 @@
+"""The plugin registry: hook specifications, discovery, typed lookups (torch-free)."""

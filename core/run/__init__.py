@@ -1,0 +1,1 @@
+"""One training run: its spec, assembly, the loop, logging, tracking, publishing."""

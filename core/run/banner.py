@@ -1,0 +1,70 @@
+"""The start-up banner (SPEC S2.1): what will run, stated before the first step.
+
+The effective-batch factorisation is printed because it is the most common source
+of confusion when moving from one to many processes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lerobot_kit.core.version import package_version
+
+if TYPE_CHECKING:
+    from lerobot_kit.core.run.components import RunComponents
+
+
+def _count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+def local_numel(tensor: object) -> int:
+    """Elements this rank holds: a DTensor's local shard, or the whole tensor."""
+    local = getattr(tensor, "to_local", None)
+    return local().numel() if callable(local) else tensor.numel()  # type: ignore[attr-defined]
+
+
+def unit_class_name(module: object) -> str:
+    """The policy's own class name, not FSDP2's generated ``FSDP<Name>`` subclass."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return next(c.__name__ for c in type(module).__mro__ if not issubclass(c, FSDPModule))
+
+
+def format_banner(run: "RunComponents", dataset_len: int, start_step: int) -> list[str]:
+    config, dims, ctx = run.config, run.dims, run.ctx
+    accumulation = config.accelerator.gradient_accumulation.steps
+    effective = config.batch_size * dims.dp_world_size * accumulation
+    params = list(run.parallel.model.parameters())
+    total = sum(p.numel() for p in params)
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    per_rank = sum(local_numel(p) for p in params)
+    units = run.parallel.wrap_units
+    classes = sorted({unit_class_name(run.parallel.model.get_submodule(path)) for path in units})
+    unit_text = f"{len(units)} from {run.parallel.wrap_source} ({', '.join(classes)})" if units else "none (not sharded)"
+    lines = [
+        f"lerobot-kit {package_version()} | layout {dims.layout} | world {ctx.world_size} "
+        f"(dp_replicate {dims.dp_replicate} × dp_shard {dims.dp_shard}) | launcher {ctx.launcher} | "
+        f"device {ctx.device.type}{'/' + ctx.backend if ctx.backend else ''}",
+        f"effective batch {effective} = batch_size {config.batch_size} × dp_world_size {dims.dp_world_size} "
+        f"× gradient_accumulation {accumulation}",
+        f"precision {config.accelerator.mixed_precision} | wrap units: {unit_text}",
+        f"parameters {_count(total)} total, {_count(trainable)} trainable, {_count(per_rank)} on this rank",
+        f"policy {config.policy.type} | dataset {config.dataset.type} ({dataset_len} samples) | steps "
+        f"{start_step}→{config.steps} | output {run.output_dir}",
+        _checkpoint_text(run),
+    ]
+    return lines
+
+
+def _checkpoint_text(run: "RunComponents") -> str:
+    """When checkpoints are written, how the weights are stored, and whether saves block training."""
+    config, sharded = run.config, run.dims.sharded
+    if not config.save_checkpoint:
+        return "checkpoints off"
+    weights = config.checkpoint_format if sharded else "safetensors (not sharded)"
+    mode = "written in the background" if config.async_checkpoint and sharded else "synchronous"
+    return f"checkpoints every {config.save_freq} steps and at the end | weights {weights} | {mode}"

@@ -1,0 +1,35 @@
+"""Everything a running training job holds, passed as one object.
+
+The trainer loop and the checkpoint code both need the same dozen pieces; bundling
+them keeps signatures short without giving either module knowledge of the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lerobot_kit.core.config.schema import TrainConfig
+from lerobot_kit.core.data.dataset import DatasetMeta
+from lerobot_kit.core.distributed.process_group import DistContext
+from lerobot_kit.core.parallel.parallelize import Parallelized
+from lerobot_kit.core.model.processor import PolicyProcessor
+from lerobot_kit.core.parallel.dims import ParallelDims
+
+
+@dataclass
+class RunComponents:
+    config: TrainConfig
+    ctx: DistContext
+    dims: ParallelDims
+    parallel: Parallelized
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: Any | None
+    preprocessor: PolicyProcessor
+    postprocessor: PolicyProcessor
+    meta: DatasetMeta
+    output_dir: Path

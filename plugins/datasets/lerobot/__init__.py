@@ -1,0 +1,1 @@
+"""The LeRobot v3.0 dataset reader."""
