@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# This file, for ``python _dist_util.py probe|spin DIR`` rank programs.
+DIST_UTIL = str(Path(__file__).resolve())
 
 # Variables of an outer launch or of the user's Accelerate setup, which would leak into ours.
 _LAUNCH_PREFIXES = (

@@ -74,8 +74,8 @@ def launch_env(workdir: Path, extra: dict[str, str] | None = None) -> dict[str, 
 
 def torchrun_train(nproc: int, *args: str, workdir: Path, env: dict[str, str] | None = None,
                    timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """``torchrun --standalone --nproc-per-node=N $(which lerobot-train) ARGS``, with a watchdog."""
-    command = [script("torchrun"), "--standalone", f"--nproc-per-node={nproc}", script("lerobot-train"), *args]
+    """``torchrun --standalone --nproc-per-node=N $(which lerobot) train ARGS``, with a watchdog."""
+    command = [script("torchrun"), "--standalone", f"--nproc-per-node={nproc}", script("lerobot"), "train", *args]
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=workdir,
                             env=launch_env(workdir, env))
     if check:

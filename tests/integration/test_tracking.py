@@ -1,0 +1,165 @@
+"""trackio tracking, read back through trackio's own storage API.
+
+trackio fixes its data folder (``TRACKIO_DIR``) when imported, so everything that
+imports it runs in a child process pointed at a temporary folder: the user's real
+trackio folder is never touched, and no test leaks its folder into another.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from _dist_util import clean_env
+from conftest import TINY_ACT, read_metrics, torchrun_train
+
+# Prints, as JSON, what trackio's own API holds for a project: runs, their configs and logs.
+READ_BACK = """
+def read_back(project):
+    import trackio
+    from trackio.sqlite_storage import SQLiteStorage
+    runs = list(trackio.Api().runs(project))
+    return [{"name": r.name, "config": r.config, "logs": SQLiteStorage.get_logs(project, r.name, run_id=r.id)}
+            for r in runs]
+"""
+
+
+def _python(code: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc
+
+
+# ------------------------------------------------------------------ a real 2-process job
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory) -> tuple[Path, list[dict], subprocess.CompletedProcess[str]]:
+    """The run folder, what trackio holds for the project afterwards, and the job's output."""
+    tmp = tmp_path_factory.mktemp("ddp_trackio")
+    out, trackio_dir = tmp / "run", tmp / "trackio"
+    proc = torchrun_train(
+        2, "--trackio.enable=true", "--trackio.project=kit-tests", "--job_name=ddp-job", f"--output_dir={out}",
+        "--steps=4", "--log_freq=2", *TINY_ACT, workdir=tmp, env={"TRACKIO_DIR": str(trackio_dir)}, timeout=180,
+    )
+    code = READ_BACK + "import json; print(json.dumps(read_back('kit-tests')))"
+    runs = json.loads(_python(code, {**os.environ, "TRACKIO_DIR": str(trackio_dir)}).stdout.splitlines()[-1])
+    return out, runs, proc
+
+
+def test_two_process_job_is_one_trackio_run_with_the_logged_metrics(ddp_run):
+    out, runs, proc = ddp_run
+    assert [run["name"] for run in runs] == ["ddp-job"]
+    logs = runs[0]["logs"]
+    written = read_metrics(out)
+    assert [row["step"] for row in logs] == [row["step"] for row in written] == [2, 4]
+    for tracked, row in zip(logs, written):
+        assert {k: v for k, v in tracked.items() if k not in ("step", "timestamp")} == {
+            k: v for k, v in row.items() if k != "step"
+        }
+    assert {"loss", "lr", "grad_norm", "samples_per_s"} <= set(logs[0])
+    # The main process announced the run once; the other rank stayed silent.
+    assert (proc.stdout + proc.stderr).count("trackio: project kit-tests | run ddp-job") == 1
+
+
+def test_the_run_config_is_logged_once_with_the_run(ddp_run):
+    out, [run], _ = ddp_run
+    config = {k: v for k, v in run["config"].items() if not k.startswith("_")}  # trackio adds _Created etc.
+    # The whole config, as the checkpoint records it.
+    assert config == json.loads((out / "checkpoints" / "last" / "pretrained_model" / "train_config.json").read_text())
+    assert config["job_name"] == "ddp-job" and config["steps"] == 4 and config["output_dir"] == str(out)
+    assert config["policy"]["dim_model"] == 32 and config["trackio"] == {"enable": True, "project": "kit-tests"}
+
+
+# ------------------------------------------------------------------ one process, without torchrun
+
+
+def test_disabled_tracking_never_imports_trackio(tmp_path):
+    code = textwrap.dedent(
+        f"""
+        import sys
+        import torch
+        from pathlib import Path
+        from lerobot_kit.core.config.schema import TrainConfig
+        from lerobot_kit.core.distributed.process_group import DistContext
+        import lerobot_kit.core.run.prepare
+        from lerobot_kit.core.run.tracking import make_tracker
+        tracker = make_tracker(TrainConfig(), DistContext(0, 0, 1, torch.device("cpu"), "single", None), Path("x"))
+        tracker.log({{"loss": 1.0}}, 1)
+        tracker.finish()
+        print(type(tracker).__name__, "trackio" in sys.modules)
+        """
+    )
+    proc = _python(code, {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio")})
+    assert proc.stdout.split() == ["NullTracker", "False"]
+    assert not (tmp_path / "trackio").exists()
+
+
+# A token in the environment would make trackio ask the Hub who the user is: every name
+# lookup and connection the process attempts is recorded through Python's audit hooks.
+SCENARIOS = READ_BACK + textwrap.dedent(
+    """
+    import json, sys
+    attempts = []
+    sys.addaudithook(lambda event, args: attempts.append(f"{event} {args[:2]!r}")
+                     if event in ("socket.getaddrinfo", "socket.connect") else None)
+
+    import torch
+    from huggingface_hub import constants
+    from lerobot_kit.core.config.schema import TrainConfig
+    from lerobot_kit.core.distributed.process_group import DistContext
+    from lerobot_kit.core.errors import ConfigError
+    from lerobot_kit.core.run.tracking import make_tracker
+
+    ctx = DistContext(0, 0, 1, torch.device("cpu"), "single", None)
+
+    def train(name, steps, resume):
+        config = TrainConfig(job_name=name, resume=resume, trackio={"enable": True, "project": "p"})
+        tracker = make_tracker(config, ctx, OUT)
+        for step in steps:
+            tracker.log({"loss": 1.0 / step, "step": step}, step)
+        tracker.finish()
+
+    train("first", [2, 4], resume=False)
+    train("first", [6], resume=True)  # --resume=true continues the run
+    train(None, [2], resume=False)  # unnamed job: the output folder names the run
+    try:
+        make_tracker(TrainConfig(trackio={"enable": True, "project": "registry-x"}), ctx, OUT)
+        refused = None
+    except ConfigError as exc:
+        refused = str(exc)
+    print(json.dumps({"runs": read_back("p"), "attempts": attempts, "refused": refused,
+                      "hub_offline_after": constants.HF_HUB_OFFLINE}))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("trackio_scenarios")
+    env = {**clean_env(tmp), "TRACKIO_DIR": str(tmp / "trackio"), "HF_TOKEN": "hf_not_a_real_token"}
+    env.pop("HF_HUB_OFFLINE", None)
+    code = f"from pathlib import Path\nOUT = Path({str(tmp / '2026-01-01' / 'out_folder')!r})\n" + SCENARIOS
+    return json.loads(_python(code, env).stdout.splitlines()[-1])
+
+
+def test_logging_stays_local_and_off_the_network(scenarios):
+    assert scenarios["attempts"] == []
+    assert scenarios["hub_offline_after"] is False  # the end-of-run push may still reach the Hub
+
+
+def test_resume_continues_the_run_and_the_output_folder_names_unnamed_jobs(scenarios):
+    runs = {run["name"]: [(row["step"], row["loss"]) for row in run["logs"]] for run in scenarios["runs"]}
+    assert runs == {"first": [(2, 0.5), (4, 0.25), (6, 1 / 6)], "out_folder": [(2, 0.5)]}
+    assert all("__step" not in row for run in scenarios["runs"] for row in run["logs"])  # not a metric
+
+
+def test_a_refused_project_is_one_config_error(scenarios):
+    assert scenarios["refused"].startswith("--trackio.project=registry-x: trackio could not start run")
+    assert "--trackio.enable=false" in scenarios["refused"]

@@ -1,0 +1,194 @@
+"""``parallelize`` in one process: the single-process path, mixed-precision rules, the loss
+scaler, wrap-unit resolution and the refusals that come before any collective."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lerobot_kit.core.config.schema import AcceleratorConfig, FSDPConfig, MixedPrecisionPolicyConfig, ParallelismConfig
+from lerobot_kit.core.distributed.process_group import DistContext
+from lerobot_kit.core.errors import ConfigError
+from lerobot_kit.core.parallel.dims import ParallelDims
+from lerobot_kit.core.parallel.parallelize import check_tied_weights, parallelize, resolve_wrap_units
+from lerobot_kit.core.parallel.precision import autocast_dtype, build_grad_scaler, build_mp_policy
+from toy_model import D, Block, batch_for, make_model
+
+
+def single_ctx() -> DistContext:
+    return DistContext(0, 0, 1, torch.device("cpu"), "single", None)
+
+
+def test_single_clip_matches_torch() -> None:
+    dims = ParallelDims.resolve(ParallelismConfig(), 1)
+    ours, theirs = make_model(), make_model()
+    p = parallelize(ours, dims, None, AcceleratorConfig(), None, torch.device("cpu"))
+    x, y = batch_for(0, 8)
+    for model in (ours, theirs):
+        F.mse_loss(model(x), y).backward()
+    norm = p.clip_grad_norm(0.1)
+    expected = torch.nn.utils.clip_grad_norm_(theirs.parameters(), 0.1).item()
+    assert norm == pytest.approx(expected, rel=1e-6)
+    for a, b in zip(ours.parameters(), theirs.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+    with p.no_sync():  # a no-op without processes
+        pass
+    p.finish_grad_sync()
+
+
+def test_mixed_precision_policy_rules() -> None:
+    assert autocast_dtype(AcceleratorConfig()) is None and build_mp_policy(AcceleratorConfig()) is None
+    for name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        accel = AcceleratorConfig(mixed_precision=name)
+        assert autocast_dtype(accel) is dtype
+        policy = build_mp_policy(accel)
+        assert (policy.param_dtype, policy.reduce_dtype, policy.output_dtype) == (dtype, torch.float32, None)
+    # Explicit fields replace the derived policy entirely, even under mixed_precision=no.
+    fields = MixedPrecisionPolicyConfig(param_dtype="bfloat16", output_dtype="float32", cast_forward_inputs=False)
+    policy = build_mp_policy(AcceleratorConfig(fsdp=FSDPConfig(mixed_precision_policy=fields)))
+    assert (policy.param_dtype, policy.reduce_dtype, policy.output_dtype, policy.cast_forward_inputs) == (
+        torch.bfloat16, None, torch.float32, False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("mixed_precision", "fields", "match"),
+    [
+        ("bf16", {"reduce_dtype": "float32"}, r"mixed_precision_policy.param_dtype is not"),
+        ("no", {"cast_forward_inputs": True}, r"set --accelerator.fsdp.mixed_precision_policy.param_dtype too"),
+        ("bf16", {"param_dtype": "float16"}, r"param_dtype=float16 needs --accelerator.mixed_precision=fp16 \(got 'bf16'\)"),
+        ("no", {"param_dtype": "bfloat16", "reduce_dtype": "float16"}, r"reduce_dtype=float16 needs"),
+        ("bf16", {"param_dtype": "bfloat16", "output_dtype": "float16"}, r"output_dtype=float16 needs"),
+    ],
+)
+def test_mixed_precision_policy_errors(mixed_precision: str, fields: dict, match: str) -> None:
+    accel = AcceleratorConfig(
+        mixed_precision=mixed_precision, fsdp=FSDPConfig(mixed_precision_policy=MixedPrecisionPolicyConfig(**fields))
+    )
+    with pytest.raises(ConfigError, match=match):
+        build_mp_policy(accel)
+
+
+def test_fp16_float16_policy_is_accepted() -> None:
+    fields = MixedPrecisionPolicyConfig(param_dtype="float16")
+    policy = build_mp_policy(AcceleratorConfig(mixed_precision="fp16", fsdp=FSDPConfig(mixed_precision_policy=fields)))
+    assert policy.param_dtype is torch.float16
+
+
+def test_loss_scaler_dynamics_and_state() -> None:
+    dims = ParallelDims.resolve(ParallelismConfig(), 1)
+    assert build_grad_scaler(AcceleratorConfig(mixed_precision="bf16"), dims, single_ctx()) is None
+    scaler = build_grad_scaler(AcceleratorConfig(mixed_precision="fp16"), dims, single_ctx())
+    scaler.load_state_dict({**scaler.state_dict(), "growth_interval": 2, "scale": 8.0})
+    weight = nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([weight], lr=1.0)
+    history = []
+    for grad in ([8.0, 8.0, 8.0], [math.inf, 0.0, 0.0], [4.0, 4.0, 4.0], [4.0, 4.0, 4.0]):
+        weight.grad = torch.tensor(grad)
+        before = weight.detach().clone()
+        stepped = scaler.step(opt)
+        scaler.update()
+        history.append((stepped, scaler.get_scale(), (before - weight.detach()).tolist()))
+    assert history == [
+        (True, 8.0, [1.0, 1.0, 1.0]),  # unscaled by 8 before the step
+        (False, 4.0, [0.0, 0.0, 0.0]),  # overflow: skipped, backed off
+        (True, 4.0, [1.0, 1.0, 1.0]),
+        (True, 8.0, [1.0, 1.0, 1.0]),  # two good steps since the backoff: grown
+    ]
+    assert json.loads(json.dumps(scaler.state_dict())) == {
+        "scale": 8.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2, "growth_tracker": 0,
+    }
+    assert scaler.scale(torch.tensor(2.0)).item() == 16.0
+    with pytest.raises(RuntimeError, match="without unscale_"):
+        scaler.update()
+
+
+FSDP = FSDPConfig()
+
+
+def test_wrap_units_precedence_and_size_rule() -> None:
+    model = make_model()
+    assert resolve_wrap_units(model, FSDPConfig(wrap_modules=["Linear"]), ["Block"]) == (
+        ["inp", "blocks.0.fc1", "blocks.0.fc2", "blocks.1.fc1", "blocks.1.fc2", "head"],
+        "flag",
+    )
+    assert resolve_wrap_units(model, FSDPConfig(min_num_params=1), ["Block"]) == (["blocks.0", "blocks.1"], "policy")
+    # Bottom-up: each fc2 (528) is a unit; fc1 (544) too; a Block then has nothing left.
+    assert resolve_wrap_units(model, FSDPConfig(min_num_params=500), None)[0] == [
+        "blocks.0.fc1", "blocks.0.fc2", "blocks.1.fc1", "blocks.1.fc2",
+    ]
+    # 1000: a Block (1072) qualifies; its linears alone do not; the ModuleList never does.
+    assert resolve_wrap_units(model, FSDPConfig(min_num_params=1000), None) == (["blocks.0", "blocks.1"], "min_num_params")
+
+
+def test_missing_wrap_units_names_all_three_options() -> None:
+    with pytest.raises(ConfigError) as err:
+        resolve_wrap_units(make_model(), FSDP, None)
+    message = str(err.value)
+    assert "_fsdp_wrap_modules" in message
+    assert "--accelerator.fsdp.wrap_modules" in message and "--accelerator.fsdp.min_num_params" in message
+
+
+def test_unknown_wrap_class_lists_the_model_classes() -> None:
+    with pytest.raises(ConfigError) as err:
+        resolve_wrap_units(make_model(), FSDPConfig(wrap_modules=["Blok"]), None)
+    assert "names 'Blok', which is not a module class of this model" in str(err.value)
+    assert "its module classes are: Block, Linear, ModuleList, Tiny" in str(err.value)
+    with pytest.raises(ConfigError, match=r"_fsdp_wrap_modules \(Tiny\) names 'Layer'"):
+        resolve_wrap_units(make_model(), FSDP, ["Layer"])
+    with pytest.raises(ConfigError, match="container has no forward"):
+        resolve_wrap_units(make_model(), FSDPConfig(wrap_modules=["ModuleList"]), None)
+    with pytest.raises(ConfigError, match="selects no submodule.*'blocks'.*2144"):
+        resolve_wrap_units(make_model(), FSDPConfig(min_num_params=10**6), None)
+
+
+class TiedLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, D)
+        self.blocks = nn.ModuleList(Block() for _ in range(2))
+        self.head = nn.Linear(D, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def test_tied_weights_across_units_are_refused() -> None:
+    model = TiedLM()
+    check_tied_weights(model, ["blocks.0", "blocks.1"])  # both ends in the root: fine
+    with pytest.raises(ConfigError) as err:
+        check_tied_weights(model, ["embed", "blocks.0", "blocks.1"])
+    assert str(err.value).startswith(
+        "tied weights cannot be split across FSDP units: parameter 'embed.weight' of module 'embed' "
+        "(in FSDP unit 'embed') is the same tensor as 'head.weight' of module 'head' (in the root, outside "
+        "every wrap unit)"
+    )
+    model.blocks[1].fc2.weight = model.blocks[0].fc2.weight
+    with pytest.raises(ConfigError, match="'blocks.0.fc2.weight' of module 'blocks.0.fc2' \\(in FSDP unit 'blocks.0'\\)"
+                       ".*'blocks.1.fc2.weight' of module 'blocks.1.fc2' \\(in FSDP unit 'blocks.1'\\)"):
+        check_tied_weights(model, ["blocks.0", "blocks.1"])
+
+
+def _sharded_dims() -> ParallelDims:
+    return ParallelDims.resolve(ParallelismConfig(dp_shard=2), 2)
+
+
+@pytest.mark.parametrize(
+    ("fsdp", "match"),
+    [
+        (FSDPConfig(ignored_modules="hea"), "matches no module path .*'inp', 'blocks'"),
+        (FSDPConfig(ignored_modules="(head"), "not a valid regex"),
+        (FSDPConfig(ignored_modules="blocks.*"), "every FSDP wrap unit lies inside"),
+        (FSDPConfig(wrap_modules=["Embedding", "Block"]), "tied weights cannot be split"),
+    ],
+)
+def test_parallelize_refuses_before_sharding(fsdp: FSDPConfig, match: str) -> None:
+    """These errors come before any collective, so no process group is needed (mesh unused)."""
+    model = TiedLM() if fsdp.wrap_modules else make_model()
+    with pytest.raises(ConfigError, match=match):
+        fake_mesh: Any = object()
+        parallelize(model, _sharded_dims(), fake_mesh, AcceleratorConfig(fsdp=fsdp), ["Block"], torch.device("cpu"))
