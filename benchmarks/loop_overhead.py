@@ -95,10 +95,10 @@ def bare_loop(flags: list[str], prepared_batches: int = 8) -> Callable[[int], fl
     from lerobot_kit.core.config.flags import parse_train_config
     from lerobot_kit.core.model.policy import make_policy
     from lerobot_kit.core.model.processor import make_processors
-    from lerobot_kit.core.registry.registry import get_registry
+    from lerobot_kit.core.data.build import build_dataset
 
     config = parse_train_config(flags)
-    dataset = get_registry().get("dataset", config.dataset.type).load()(config.dataset, config.policy.delta_indices())
+    dataset = build_dataset(config)
     preprocessor, _ = make_processors(config.policy, dataset.meta)
     torch.manual_seed(config.seed)
     policy = make_policy(config.policy, dataset.meta)

@@ -70,8 +70,8 @@ def _import_run_modules(config: Any) -> None:
     from lerobot_kit.core.registry.registry import get_registry
 
     registry = get_registry()
-    registry.get("policy", config.policy.type).load()
-    registry.get("dataset", config.dataset.type).load()
+    registry.policy(config.policy.type).load()
+    registry.dataset(config.dataset.type).load()
 
 
 def _measure(flags: list[str], ctx: Any, outdir: Path) -> dict[str, Any]:

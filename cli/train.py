@@ -22,8 +22,8 @@ def _print_help(args: list[str]) -> None:
     from lerobot_kit.core.registry.registry import get_registry
 
     registry = get_registry()
-    policy = registry.get("policy", _selected_type(args, "policy", "act")).config_class
-    dataset = registry.get("dataset", _selected_type(args, "dataset", "reach")).config_class
+    policy = registry.policy(_selected_type(args, "policy", "act")).config_class
+    dataset = registry.dataset(_selected_type(args, "dataset", "reach")).config_class
     click.echo(render_help(policy, dataset, {k: registry.names(k) for k in ("policy", "dataset")}))
 
 

@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 def checkpoint_format(name: str) -> CheckpointFormat:
     from lerobot_kit.core.registry.registry import get_registry
 
-    return get_registry().get("checkpoint_format", name).load()()
+    return get_registry().checkpoint_format(name)
 
 
 def save_checkpoint(run: RunComponents, step: int, position: DataPosition) -> Path | None:

@@ -147,7 +147,8 @@ def _resolve_section(raw: dict[str, Any], key: str, problems: list[str]) -> Sect
         value["type"] = "lerobot"
     type_name = value.setdefault("type", base.model_fields["type"].default)
     try:
-        config_class = get_registry().get(kind, type_name).config_class
+        registry = get_registry()
+        config_class = (registry.policy if kind == "policy" else registry.dataset)(type_name).config_class
     except LerobotError as exc:
         problems.append(f"--{key}.type: {exc}")
         return None

@@ -49,9 +49,7 @@ class DistContext:
 
 def detect_launcher(env: Mapping[str, str]) -> type[Launcher]:
     """The registered launcher that recognises ``env``, tried in ``(priority, name)`` order."""
-    registry = get_registry()
-    launchers: list[type[Launcher]] = [registry.get("launcher", name).load() for name in registry.names("launcher")]
-    for launcher in sorted(launchers, key=lambda cls: (cls.priority, cls.name)):
+    for launcher in get_registry().launchers():
         if launcher.detect(env):
             return launcher
     raise RuntimeError("no launcher matched; the built-in 'single' launcher is missing (LEROBOT_DISABLE_PLUGINS?)")

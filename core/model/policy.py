@@ -32,7 +32,7 @@ from lerobot_kit.core.checkpoint.paths import (
 )
 from lerobot_kit.core.config.schema import PolicyConfig
 from lerobot_kit.core.data.dataset import ACTION_KEY, STATE_KEY, DatasetMeta
-from lerobot_kit.core.errors import CheckpointError, ConfigError, PluginError
+from lerobot_kit.core.errors import CheckpointError, ConfigError
 from lerobot_kit.core.model.processor import PolicyProcessor
 
 
@@ -122,14 +122,7 @@ def make_policy(config: PolicyConfig, meta: DatasetMeta) -> Policy:
     """Construct the policy registered under ``config.type`` (on the current default device)."""
     from lerobot_kit.core.registry.registry import get_registry
 
-    registration = get_registry().get("policy", config.type)
-    policy_class = registration.load()
-    if not (isinstance(policy_class, type) and issubclass(policy_class, Policy)):
-        raise PluginError(
-            f"plugin {registration.plugin.name!r} registered policy {config.type!r} as {policy_class!r}, "
-            "which is not a subclass of lerobot_kit.core.model.policy.Policy"
-        )
-    return policy_class(config, meta)
+    return get_registry().policy(config.type).load()(config, meta)
 
 
 def save_pretrained(
@@ -187,9 +180,8 @@ def load_pretrained(directory: Path, *, load_weights: bool = True) -> tuple[Poli
     policy_type = config_json.get("type")
     if not isinstance(policy_type, str):
         raise CheckpointError(f"{directory / POLICY_CONFIG}: no policy 'type' field")
-    registration = get_registry().get("policy", policy_type)
     try:
-        config = registration.config_class.model_validate(config_json)
+        config = get_registry().policy(policy_type).config_class.model_validate(config_json)
     except ValidationError as exc:
         raise CheckpointError(f"{directory / POLICY_CONFIG}: not a valid {policy_type!r} config: {exc}") from None
     try:

@@ -174,11 +174,11 @@ def plan_run(config: TrainConfig, world_size: int) -> ShardingPlan:
     as ``lerobot train`` would, on the meta device."""
     from lerobot_kit.core.model.peft import align_trainable_dtypes, prepare_request, wrap_policy
     from lerobot_kit.core.model.policy import make_policy
-    from lerobot_kit.core.registry.registry import get_registry
+    from lerobot_kit.core.data.build import build_dataset
 
     dims = ParallelDims.resolve(config.parallelism, world_size)
     prepare_request(config)
-    dataset = get_registry().get("dataset", config.dataset.type).load()(config.dataset, config.policy.delta_indices())
+    dataset = build_dataset(config)
     with torch.device("meta"):
         policy = make_policy(config.policy, dataset.meta)
     declared = getattr(type(policy), "_fsdp_wrap_modules", None)

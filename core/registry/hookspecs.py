@@ -10,9 +10,12 @@ registering a torch model does not import torch (``lerobot --help`` stays fast).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import pluggy
+
+if TYPE_CHECKING:
+    from lerobot_kit.core.registry.entries import Kind
 
 PROJECT = "lerobot_kit"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -23,9 +26,9 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 def lerobot_register_policies(register: Callable[..., None]) -> None:
     """Register policies: ``register(name, config_class, policy_class)``.
 
-    ``config_class`` subclasses ``lerobot_kit.core.config.schema.PolicyConfig`` (pydantic, no
-    torch). ``policy_class`` (or its ``"module:Class"`` path) subclasses
-    ``lerobot_kit.core.model.policy.Policy`` and declares ``_fsdp_wrap_modules``.
+    ``config_class`` subclasses ``lerobot_kit.api.PolicyConfig`` (pydantic, no torch).
+    ``policy_class`` (or its ``"module:Class"`` path) subclasses ``lerobot_kit.api.Policy``,
+    sets ``config_class`` and declares ``_fsdp_wrap_modules``.
     """
 
 
@@ -33,9 +36,9 @@ def lerobot_register_policies(register: Callable[..., None]) -> None:
 def lerobot_register_datasets(register: Callable[..., None]) -> None:
     """Register datasets: ``register(name, config_class, factory)``.
 
-    ``config_class`` subclasses ``lerobot_kit.core.config.schema.DatasetConfig``; ``factory``
-    (or its ``"module:function"`` path) is called as ``factory(config, delta_indices)``
-    and returns a ``lerobot_kit.core.data.dataset.PolicyDataset``.
+    ``config_class`` subclasses ``lerobot_kit.api.DatasetConfig``; ``factory`` (or its
+    ``"module:function"`` path) is called as ``factory(config, delta_indices)`` and returns
+    a ``lerobot_kit.api.PolicyDataset``.
     """
 
 
@@ -43,8 +46,8 @@ def lerobot_register_datasets(register: Callable[..., None]) -> None:
 def lerobot_register_checkpoint_formats(register: Callable[..., None]) -> None:
     """Register checkpoint formats: ``register(name, format_class)``.
 
-    ``format_class`` (or its ``"module:Class"`` path) implements
-    ``lerobot_kit.core.checkpoint.weights.CheckpointFormat``.
+    ``format_class`` (or its ``"module:Class"`` path) subclasses
+    ``lerobot_kit.api.CheckpointFormat``.
     """
 
 
@@ -52,13 +55,12 @@ def lerobot_register_checkpoint_formats(register: Callable[..., None]) -> None:
 def lerobot_register_launchers(register: Callable[..., None]) -> None:
     """Register launchers: ``register(name, launcher_class)``.
 
-    ``launcher_class`` (or its ``"module:Class"`` path) implements
-    ``lerobot_kit.core.distributed.launcher.Launcher``: it recognises its environment and reports
-    rank, world size and rendezvous address.
+    ``launcher_class`` (or its ``"module:Class"`` path) subclasses ``lerobot_kit.api.Launcher``:
+    it recognises its environment and reports rank, world size and rendezvous address.
     """
 
 
-HOOK_KINDS: dict[str, str] = {
+HOOK_KINDS: dict[str, Kind] = {
     "lerobot_register_policies": "policy",
     "lerobot_register_datasets": "dataset",
     "lerobot_register_checkpoint_formats": "checkpoint_format",

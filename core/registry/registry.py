@@ -1,7 +1,10 @@
-"""Discovers plugins once, lazily, and keeps what each one registered.
+"""Discovers plugins once, lazily, and answers typed lookups for what each one registered.
 
 Built-in modules and third-party packages (entry-point group ``lerobot_kit``) go
 through the same pluggy hooks. ``LEROBOT_DISABLE_PLUGINS=a,b`` blocks plugins by name.
+Plugin code runs here (its import and its hooks), so whatever it raises, or a
+``sys.exit`` in it, becomes a ``PluginError`` naming the plugin: one line a user can act
+on instead of a traceback from someone else's package, or a command that just stops.
 """
 
 from __future__ import annotations
@@ -11,16 +14,33 @@ import importlib
 import os
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 
 from lerobot_kit.core.errors import PluginError
-from lerobot_kit.core.version import package_version
 from lerobot_kit.core.registry import hookspecs
+from lerobot_kit.core.registry.entries import (
+    CONFIG_BASES,
+    DISABLE_ENV,
+    ENTRY_TYPES,
+    CheckpointFormatEntry,
+    DatasetEntry,
+    Entry,
+    Kind,
+    LauncherEntry,
+    PluginInfo,
+    PolicyEntry,
+    describe_failure,
+)
+from lerobot_kit.core.version import package_version
+
+if TYPE_CHECKING:
+    from lerobot_kit.core.checkpoint.weights import CheckpointFormat
+    from lerobot_kit.core.distributed.launcher import Launcher
 
 ENTRY_POINT_GROUP = "lerobot_kit"
-DISABLE_ENV = "LEROBOT_DISABLE_PLUGINS"
 
 BUILTIN_PLUGINS: dict[str, str] = {
     "act": "lerobot_kit.plugins.policies.act",
@@ -31,51 +51,40 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "builtin_launchers": "lerobot_kit.plugins.launchers",
 }
 
-
-@dataclass(frozen=True)
-class PluginInfo:
-    name: str
-    package: str
-    version: str
-    builtin: bool
-
-
-@dataclass
-class Registration:
-    """One named thing a plugin registered; ``load()`` imports a lazy target."""
-
-    kind: str
-    name: str
-    plugin: PluginInfo
-    target: Any
-    config_class: type | None = None
-
-    def load(self) -> Any:
-        if isinstance(self.target, str):
-            module_name, _, attr = self.target.partition(":")
-            try:
-                module = importlib.import_module(module_name)
-                self.target = getattr(module, attr)
-            except Exception as exc:  # noqa: BLE001 - reported with the plugin's name
-                raise PluginError(
-                    f"plugin {self.plugin.name!r} ({self.plugin.package}) registered "
-                    f"{self.kind} {self.name!r} as {self.target!r}, which failed to import: {exc}"
-                ) from exc
-        return self.target
+E = TypeVar("E", bound=Entry)
 
 
 @dataclass
 class Registry:
     plugins: list[PluginInfo] = field(default_factory=list)
-    entries: dict[str, dict[str, Registration]] = field(default_factory=dict)
+    entries: dict[Kind, dict[str, Entry]] = field(default_factory=dict)
 
-    def names(self, kind: str) -> list[str]:
+    def names(self, kind: Kind) -> list[str]:
         return sorted(self.entries.get(kind, {}))
 
-    def get(self, kind: str, name: str) -> Registration:
+    def policy(self, name: str) -> PolicyEntry:
+        return self._find("policy", name, PolicyEntry)
+
+    def dataset(self, name: str) -> DatasetEntry:
+        return self._find("dataset", name, DatasetEntry)
+
+    def checkpoint_format(self, name: str) -> CheckpointFormat:
+        """A ready instance of the format registered as ``name``."""
+        return self._find("checkpoint_format", name, CheckpointFormatEntry).create()
+
+    def launchers(self) -> list[type[Launcher]]:
+        """Every launcher class, in the order detection tries them: ``(priority, name)``."""
+        classes = [self._find("launcher", name, LauncherEntry).load() for name in self.names("launcher")]
+        return sorted(classes, key=lambda launcher: (launcher.priority, launcher.name))
+
+    def by_plugin(self, plugin: str) -> list[Entry]:
+        return [e for table in self.entries.values() for e in table.values() if e.plugin.name == plugin]
+
+    def _find(self, kind: Kind, name: str, entry_type: type[E]) -> E:
         table = self.entries.get(kind, {})
-        if name in table:
-            return table[name]
+        entry = table.get(name)
+        if isinstance(entry, entry_type):
+            return entry
         hint = difflib.get_close_matches(name, list(table), n=1)
         suggestion = f" Did you mean {hint[0]!r}?" if hint else ""
         known = ", ".join(sorted(table)) or "none"
@@ -83,9 +92,6 @@ class Registry:
             f"unknown {kind.replace('_', ' ')} {name!r}.{suggestion} Known: {known} "
             f"(install a plugin package to add more; `lerobot plugins` lists them)."
         )
-
-    def by_plugin(self, plugin: str) -> list[Registration]:
-        return [r for table in self.entries.values() for r in table.values() if r.plugin.name == plugin]
 
 
 _REGISTRY: Registry | None = None
@@ -116,11 +122,10 @@ def _load_plugins(pm: pluggy.PluginManager) -> dict[str, PluginInfo]:
             )
         try:
             module = ep.load()
-        except Exception as exc:  # noqa: BLE001 - any import failure is the plugin's
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - whatever its import does is the plugin's
             raise PluginError(
                 f"plugin {ep.name!r} from package {package!r} failed to import ({ep.value}): "
-                f"{type(exc).__name__}: {exc}. Fix or uninstall it, or block it with "
-                f"{DISABLE_ENV}={ep.name}."
+                f"{describe_failure(exc)}. Fix or uninstall it, or block it with {DISABLE_ENV}={ep.name}."
             ) from exc
         pm.register(module, name=ep.name)
         infos[ep.name] = PluginInfo(ep.name, package, version, builtin=False)
@@ -131,37 +136,51 @@ def _load_plugins(pm: pluggy.PluginManager) -> dict[str, PluginInfo]:
     return infos
 
 
+def _register_callback(kind: Kind, table: dict[str, Entry], info: PluginInfo) -> Callable[..., None]:
+    """The ``register`` a hook receives: checks the call's shape and the config class, and refuses clashes."""
+    entry_type = ENTRY_TYPES[kind]
+    config_base = CONFIG_BASES.get(kind)
+    label = kind.replace("_", " ")
+
+    def register(name: str, *args: Any) -> None:
+        wanted = "(name, config_class, target)" if config_base else "(name, target)"
+        if len(args) != (2 if config_base else 1):
+            raise PluginError(f"{info.describe()}: register({name!r}, ...) for a {label} takes {wanted}")
+        if name in table:
+            other = table[name].plugin
+            raise PluginError(
+                f"{label} name clash: {name!r} is registered by plugin {info.name!r} ({info.package}) and "
+                f"by plugin {other.name!r} ({other.package}); block one with {DISABLE_ENV}=<plugin>."
+            )
+        if config_base is None:
+            table[name] = entry_type(name, info, args[0])
+            return
+        config_class, target = args
+        if not (isinstance(config_class, type) and issubclass(config_class, config_base)):
+            raise PluginError(
+                f"{info.describe()}: the config class of {label} {name!r} is {config_class!r}, "
+                f"not a subclass of lerobot_kit.api.{config_base.__name__}"
+            )
+        table[name] = entry_type(name, info, target, config_class)  # type: ignore[call-arg]
+
+    return register
+
+
 def _collect(pm: pluggy.PluginManager, infos: dict[str, PluginInfo]) -> Registry:
     registry = Registry(plugins=list(infos.values()))
     for hook_name, kind in hookspecs.HOOK_KINDS.items():
         table = registry.entries.setdefault(kind, {})
         for impl in getattr(pm.hook, hook_name).get_hookimpls():
             info = infos[impl.plugin_name]
-
-            def register(name: str, *args: Any, _info: PluginInfo = info, _kind: str = kind) -> None:
-                if _kind in ("policy", "dataset"):
-                    if len(args) != 2:
-                        raise PluginError(
-                            f"plugin {_info.name!r}: register({name!r}, ...) for a {_kind} takes "
-                            "(name, config_class, target)"
-                        )
-                    config_class, target = args
-                else:
-                    if len(args) != 1:
-                        raise PluginError(
-                            f"plugin {_info.name!r}: register({name!r}, ...) for a {_kind} takes (name, target)"
-                        )
-                    config_class, target = None, args[0]
-                if name in table:
-                    other = table[name].plugin
-                    raise PluginError(
-                        f"{_kind.replace('_', ' ')} name clash: {name!r} is registered by plugin "
-                        f"{_info.name!r} ({_info.package}) and by plugin {other.name!r} ({other.package}); "
-                        f"block one with {DISABLE_ENV}=<plugin>."
-                    )
-                table[name] = Registration(_kind, name, _info, target, config_class)
-
-            impl.function(register=register)
+            try:
+                impl.function(register=_register_callback(kind, table, info))
+            except PluginError:
+                raise
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - whatever a hook does is its plugin's
+                raise PluginError(
+                    f"{info.describe()} failed in {hook_name}: {describe_failure(exc)}. Fix or uninstall "
+                    f"it, or block it with {DISABLE_ENV}={info.name}."
+                ) from exc
     return registry
 
 

@@ -140,7 +140,7 @@ class PreparedRun:
 def prepare_run(config: TrainConfig, config_path: str | None, ctx: DistContext) -> PreparedRun:
     """Everything before the loop; collective. Also the entry for tools that inspect a run."""
     from lerobot_kit.core.model.processor import make_processors
-    from lerobot_kit.core.registry.registry import get_registry
+    from lerobot_kit.core.data.build import build_dataset
 
     dims = ParallelDims.resolve(config.parallelism, ctx.world_size)
     accumulation = config.accelerator.gradient_accumulation.steps
@@ -156,7 +156,7 @@ def prepare_run(config: TrainConfig, config_path: str | None, ctx: DistContext) 
     config.output_dir = str(plan.output_dir)
     config.resume = plan.resume_from is not None
 
-    dataset = get_registry().get("dataset", config.dataset.type).load()(config.dataset, config.policy.delta_indices())
+    dataset = build_dataset(config)
     preprocessor, postprocessor = make_processors(config.policy, dataset.meta)
     parallel = _build_parallel_policy(config, ctx, dims, dataset.meta, from_checkpoint=plan.resume_from is not None)
     params = [p for p in parallel.model.parameters() if p.requires_grad]

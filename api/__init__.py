@@ -1,0 +1,143 @@
+"""The stable surface of lerobot-kit, for plugin packages and notebooks.
+
+Everything a plugin or a notebook needs is importable from here, and only what is
+here is promised to stay: the names below keep their meaning and signatures while the
+modules behind them are reorganised (they are re-exported, so moving an implementation
+changes an import here, not in every plugin). Everything under ``lerobot_kit.core``,
+``lerobot_kit.plugins`` and ``lerobot_kit.cli`` is internal and may move in any release,
+so a plugin imports ``lerobot_kit.api`` and nothing else from lerobot-kit.
+
+Stable:
+
+* hooks: ``hookimpl``, the marker of a plugin's ``lerobot_register_*`` functions;
+* configs: ``TrainConfig``, ``PolicyConfig``, ``DatasetConfig``, ``parse_train_config``;
+* running pieces: ``build_dataset``, ``build_policy``, ``load_pretrained``;
+* policy contract: ``Policy`` (see its docstring and the example plugin's README);
+* dataset contract: ``PolicyDataset``, ``InMemoryDataset``, ``DatasetMeta``,
+  ``FeatureSpec``, ``compute_stats``, the item keys ``STATE_KEY``, ``ACTION_KEY``,
+  ``IMAGE_PREFIX`` and ``pad_key``;
+* checkpoint formats: ``CheckpointFormat``, the weight writers and readers
+  ``write_gathered``, ``write_shards``, ``load_any_weights``, ``read_safetensors``,
+  ``is_peft_model`` and the file names ``MODEL_WEIGHTS``, ``ADAPTER_WEIGHTS``,
+  ``DCP_MODEL_DIR``;
+* launchers: ``Launcher``, ``LaunchEnv``, ``env_int``;
+* errors a plugin raises: ``ConfigError`` (bad flags or data for this plugin),
+  ``CheckpointError`` (a missing or damaged file), ``PluginError`` (the plugin itself is
+  unusable), all ``LerobotError``: the CLI prints their message as one line, without a
+  traceback.
+
+Importing this module does not import torch, so a plugin's hook module and config
+classes stay light (``lerobot --help`` imports every plugin). The names that need torch
+(``Policy``, ``CheckpointFormat``, the weight I/O, ``is_peft_model``) are imported on
+first access.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lerobot_kit.core.checkpoint.paths import ADAPTER_WEIGHTS, DCP_MODEL_DIR, MODEL_WEIGHTS
+from lerobot_kit.core.config.flags import parse_train_config
+from lerobot_kit.core.config.schema import DatasetConfig, PolicyConfig, TrainConfig
+from lerobot_kit.core.data.build import build_dataset
+from lerobot_kit.core.data.dataset import (
+    ACTION_KEY,
+    IMAGE_PREFIX,
+    STATE_KEY,
+    DatasetMeta,
+    FeatureSpec,
+    InMemoryDataset,
+    PolicyDataset,
+    compute_stats,
+    pad_key,
+)
+from lerobot_kit.core.distributed.launcher import Launcher, LaunchEnv, env_int
+from lerobot_kit.core.errors import CheckpointError, ConfigError, LerobotError, PluginError
+from lerobot_kit.core.registry.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from lerobot_kit.core.checkpoint.training_state import read_safetensors
+    from lerobot_kit.core.checkpoint.weights import CheckpointFormat, load_any_weights, write_gathered, write_shards
+    from lerobot_kit.core.model.peft import is_peft_model
+    from lerobot_kit.core.model.policy import Policy
+    from lerobot_kit.core.model.processor import PolicyProcessor
+
+# Torch-backed names: (module, attribute), imported on first access by ``__getattr__``.
+_LAZY: dict[str, tuple[str, str]] = {
+    "Policy": ("lerobot_kit.core.model.policy", "Policy"),
+    "CheckpointFormat": ("lerobot_kit.core.checkpoint.weights", "CheckpointFormat"),
+    "write_gathered": ("lerobot_kit.core.checkpoint.weights", "write_gathered"),
+    "write_shards": ("lerobot_kit.core.checkpoint.weights", "write_shards"),
+    "load_any_weights": ("lerobot_kit.core.checkpoint.weights", "load_any_weights"),
+    "read_safetensors": ("lerobot_kit.core.checkpoint.training_state", "read_safetensors"),
+    "is_peft_model": ("lerobot_kit.core.model.peft", "is_peft_model"),
+}
+
+__all__ = [
+    "ACTION_KEY",
+    "ADAPTER_WEIGHTS",
+    "DCP_MODEL_DIR",
+    "IMAGE_PREFIX",
+    "MODEL_WEIGHTS",
+    "STATE_KEY",
+    "CheckpointError",
+    "CheckpointFormat",
+    "ConfigError",
+    "DatasetConfig",
+    "DatasetMeta",
+    "FeatureSpec",
+    "InMemoryDataset",
+    "LaunchEnv",
+    "Launcher",
+    "LerobotError",
+    "PluginError",
+    "Policy",
+    "PolicyConfig",
+    "PolicyDataset",
+    "TrainConfig",
+    "build_dataset",
+    "build_policy",
+    "compute_stats",
+    "env_int",
+    "hookimpl",
+    "is_peft_model",
+    "load_any_weights",
+    "load_pretrained",
+    "pad_key",
+    "parse_train_config",
+    "read_safetensors",
+    "write_gathered",
+    "write_shards",
+]
+
+
+def build_policy(config: PolicyConfig, meta: DatasetMeta) -> Policy:
+    """A new policy of the type ``config.type`` names, for a dataset described by ``meta``,
+    on torch's current default device (``with torch.device("meta"):`` builds it without storage)."""
+    from lerobot_kit.core.model.policy import make_policy
+
+    return make_policy(config, meta)
+
+
+def load_pretrained(path: str | Path) -> tuple[Policy, PolicyProcessor, PolicyProcessor]:
+    """``(policy, preprocessor, postprocessor)`` from a ``pretrained_model/`` folder or its step
+    folder; a PEFT folder gives its base policy with the adapter merged in. The processors
+    map raw observations to the policy's normalised inputs and its actions back."""
+    from lerobot_kit.core.model.policy import load_pretrained as load
+
+    return load(Path(path))
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module_name, attribute = _LAZY[name]
+    value = getattr(importlib.import_module(module_name), attribute)
+    globals()[name] = value  # later accesses skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
