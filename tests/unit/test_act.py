@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
+import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
+from torch import nn
 
 from conftest import assert_meta_build_equals_cpu_build
 from lerobot_kit.core.config.schema import PolicyConfig
@@ -144,15 +146,47 @@ def test_config_problems_are_config_errors() -> None:
         ACTPolicy(PolicyConfig(type="other"), dataset.meta)  # type: ignore[arg-type]
 
 
-def test_resnet18_backbone_needs_torchvision() -> None:
-    """Without torchvision the error names the install; with it, the backbone builds."""
+def test_resnet18_without_torchvision_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # `import torchvision` now raises ImportError
     config, dataset, _ = _setup(True)
-    resnet = config.model_copy(update={"vision_backbone": "resnet18"})
-    if importlib.util.find_spec("torchvision") is None:
-        with pytest.raises(ConfigError, match="pip install torchvision"):
-            make_policy(resnet, dataset.meta)
-    else:
-        assert make_policy(resnet, dataset.meta) is not None
+    with pytest.raises(ConfigError, match=re.escape("needs torchvision: pip install torchvision")) as err:
+        make_policy(config.model_copy(update={"vision_backbone": "resnet18"}), dataset.meta)
+    assert "--policy.vision_backbone=conv" in str(err.value)
+
+
+class _ResNetShape(nn.Module):
+    """resnet18's outline as torchvision builds it: a stem and four stages ending in 512
+    channels, then ``avgpool`` and ``fc`` (which a feature extractor must drop)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 3, stride=2, padding=1)
+        self.relu = nn.ReLU()
+        self.layer1, self.layer2 = nn.Conv2d(64, 128, 3, padding=1), nn.Conv2d(128, 256, 3, stride=2, padding=1)
+        self.layer3, self.layer4 = nn.Conv2d(256, 512, 3, padding=1), nn.ReLU()
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(512, 1000)
+
+
+def test_resnet18_backbone_is_the_feature_stages_without_pretrained_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchvision is not a test dependency (each of its wheels pins one torch build), so a
+    module with its ``models.resnet18`` interface stands in: what is checked is the kit's
+    side, that no weights are requested (no download) and the pooling head is dropped."""
+    requested = []
+
+    def resnet18(*, weights: object) -> nn.Module:
+        requested.append(weights)
+        return _ResNetShape()
+
+    monkeypatch.setitem(sys.modules, "torchvision", SimpleNamespace(models=SimpleNamespace(resnet18=resnet18)))
+    config, dataset, batch = _setup(True)
+    torch.manual_seed(0)
+    policy = make_policy(config.model_copy(update={"vision_backbone": "resnet18"}), dataset.meta)
+    assert requested == [None]
+    assert [type(m) for m in policy.backbone] == [nn.Conv2d, nn.ReLU, nn.Conv2d, nn.Conv2d, nn.Conv2d, nn.ReLU]
+    loss, _ = policy(batch)
+    loss.backward()
+    assert policy.backbone[0].weight.grad is not None and policy.backbone[0].weight.grad.abs().sum() > 0
 
 
 @pytest.fixture

@@ -101,8 +101,8 @@ def test_dcp_only_folder_asks_for_convert_dcp(trained, tmp_path: Path) -> None:
 
 def test_broken_folders_are_checkpoint_errors(trained, tmp_path: Path) -> None:
     dataset, policy, pre, post = trained
+    _save(trained, tmp_path / "a", weights=False)
     with pytest.raises(CheckpointError, match="no model.safetensors"):
-        _save(trained, tmp_path / "a", weights=False)
         load_pretrained(tmp_path / "a")
     wrong = dict(policy.state_dict())
     wrong.pop("action_head.bias")
