@@ -25,21 +25,26 @@ def single_ctx() -> DistContext:
     return DistContext(0, 0, 1, torch.device("cpu"), "single", None)
 
 
-def test_single_clip_matches_torch() -> None:
+def test_single_process_accumulates_and_clips_like_torch() -> None:
+    """In one process ``no_sync`` and ``finish_grad_sync`` leave gradients to accumulate as
+    in plain torch: two micro-batches, one of them under ``no_sync``, then the clip."""
     dims = ParallelDims.resolve(ParallelismConfig(), 1)
     ours, theirs = make_model(), make_model()
     p = parallelize(ours, dims, None, AcceleratorConfig(), None, torch.device("cpu"))
+    assert p.module is ours
     x, y = batch_for(0, 8)
-    for model in (ours, theirs):
-        F.mse_loss(model(x), y).backward()
+    with p.no_sync():
+        F.mse_loss(ours(x[:4]), y[:4]).backward()
+    F.mse_loss(ours(x[4:]), y[4:]).backward()
+    p.finish_grad_sync()
+    for rows in (slice(0, 4), slice(4, 8)):
+        F.mse_loss(theirs(x[rows]), y[rows]).backward()
     norm = p.clip_grad_norm(0.1)
     expected = torch.nn.utils.clip_grad_norm_(theirs.parameters(), 0.1).item()
+    assert expected > 0.1  # the clip really scaled the gradients
     assert norm == pytest.approx(expected, rel=1e-6)
     for a, b in zip(ours.parameters(), theirs.parameters()):
         torch.testing.assert_close(a.grad, b.grad)
-    with p.no_sync():  # a no-op without processes
-        pass
-    p.finish_grad_sync()
 
 
 def test_mixed_precision_policy_rules() -> None:
