@@ -3,8 +3,8 @@
 ``FeatureSpec``/``DatasetMeta`` describe a dataset without its frames (they travel into
 checkpoints as ``dataset_meta.json``, so a loaded policy knows its shapes and stats
 without the data). ``PolicyDataset`` is what a dataset factory returns;
-``InMemoryDataset`` is a ready implementation over per-frame numpy arrays that any
-plugin holding its frames in memory can reuse (chunking, padding, stats).
+``InMemoryDataset`` is a ready implementation over per-frame numpy arrays for datasets
+that generate their frames (chunking and padding come from ``core.data.windows``).
 
 The module is torch-free at import (torch is imported when an item is built), so
 ``inspect-checkpoint`` and config code can read a ``DatasetMeta`` without torch.
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lerobot_kit.core.errors import ConfigError
+from lerobot_kit.core.data.windows import EpisodeWindows, expand_delta_indices
 
 if TYPE_CHECKING:
     import torch
@@ -103,32 +103,47 @@ def compute_stats(frames: dict[str, np.ndarray], features: dict[str, FeatureSpec
     for key, array in frames.items():
         spec = features[key]
         if spec.is_image:
-            shape: tuple[int, ...] = (array.shape[1], 1, 1)
-            values = _uint8_channel_stats(array)
+            pixels = PixelStats(array.shape[1])
+            pixels.add(array)
+            stats[key] = pixels.result()
         elif spec.dtype == "float32":
-            data = array.astype(np.float64)
-            shape = spec.shape
-            values = {"mean": data.mean(0), "std": data.std(0), "min": data.min(0), "max": data.max(0)}
-        else:
-            continue
-        stats[key] = {name: np.asarray(v, dtype=np.float32).reshape(shape) for name, v in values.items()}
+            stats[key] = vector_stats(array, spec.shape)
     return stats
 
 
+def vector_stats(array: np.ndarray, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """float32 mean/std/min/max over the rows of ``array``, accumulated in float64."""
+    data = array.astype(np.float64)
+    values = {"mean": data.mean(0), "std": data.std(0), "min": data.min(0), "max": data.max(0)}
+    return {name: np.asarray(v, dtype=np.float32).reshape(shape) for name, v in values.items()}
 
-def _uint8_channel_stats(images: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-channel stats of uint8 [N,C,H,W] on the [0,1] scale, from a 256-bin histogram per channel."""
-    levels = np.arange(256, dtype=np.float64) / 255.0
-    out: dict[str, list[float]] = {name: [] for name in STAT_NAMES}
-    for c in range(images.shape[1]):
-        counts = np.bincount(images[:, c].ravel(), minlength=256).astype(np.float64)
-        mean = (counts * levels).sum() / counts.sum()
-        present = np.nonzero(counts)[0]
-        out["mean"].append(mean)
-        out["std"].append(np.sqrt((counts * (levels - mean) ** 2).sum() / counts.sum()))
-        out["min"].append(levels[present[0]])
-        out["max"].append(levels[present[-1]])
-    return {name: np.asarray(v) for name, v in out.items()}
+
+class PixelStats:
+    """Per-channel mean/std/min/max of uint8 images on the [0,1] scale, accumulated batch by batch.
+
+    Exact 256-bin histograms per channel, so the result does not depend on how the
+    frames were batched, and a dataset on disk can stream its frames through it.
+    """
+
+    def __init__(self, channels: int) -> None:
+        self.counts = np.zeros((channels, 256), dtype=np.int64)
+
+    def add(self, images: np.ndarray) -> None:
+        """Count uint8 ``[N, C, H, W]`` frames."""
+        for c in range(self.counts.shape[0]):
+            self.counts[c] += np.bincount(images[:, c].ravel(), minlength=256)
+
+    def result(self) -> dict[str, np.ndarray]:
+        levels = np.arange(256, dtype=np.float64) / 255.0
+        out: dict[str, list[float]] = {name: [] for name in STAT_NAMES}
+        for counts in self.counts.astype(np.float64):
+            mean = (counts * levels).sum() / counts.sum()
+            present = np.nonzero(counts)[0]
+            out["mean"].append(mean)
+            out["std"].append(np.sqrt((counts * (levels - mean) ** 2).sum() / counts.sum()))
+            out["min"].append(levels[present[0]])
+            out["max"].append(levels[present[-1]])
+        return {name: np.asarray(v, dtype=np.float32).reshape(-1, 1, 1) for name, v in out.items()}
 
 
 class PolicyDataset:
@@ -136,8 +151,16 @@ class PolicyDataset:
 
     An item holds ``observation.state`` float32 [state_dim], optional
     ``observation.images.<cam>`` float32 [3,H,W] in [0,1], every feature named in
-    ``delta_indices`` stacked over its offsets (``action`` float32 [chunk, action_dim])
-    with a ``<feature>_is_pad`` bool mask, and ``episode_index``/``index`` int64 scalars.
+    ``delta_indices`` stacked over its offsets (``action`` float32 [chunk, action_dim],
+    a camera [T,3,H,W]) with a ``<feature>_is_pad`` bool mask (``core.data.windows``),
+    and ``episode_index``/``index`` int64 scalars.
+
+    Map-style per frame, because exact resume replays a permutation of frame indices.
+    Construction should read metadata only (``meta`` and the episode lengths), so that
+    ``lerobot plan`` and the start-up banner never load frames; frames are read in
+    ``__getitem__``, which runs in DataLoader workers, so a dataset must pickle without
+    its open files. ``episode_lengths`` tells samplers where episodes begin (frames of an
+    episode are contiguous), so a block of frames can stay inside one.
 
     Not a subclass of ``torch.utils.data.Dataset`` so that this module stays torch-free;
     DataLoader and samplers only need ``__len__``/``__getitem__``, which is all that
@@ -152,14 +175,17 @@ class PolicyDataset:
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
+    def episode_lengths(self) -> np.ndarray:
+        raise NotImplementedError
+
 
 class InMemoryDataset(PolicyDataset):
     """A ``PolicyDataset`` over per-frame arrays held in memory, episodes stored contiguously.
 
-    ``frames`` maps feature keys to arrays with one row per frame: float32 features as
-    ``[N, *shape]``, images as uint8 ``[N, 3, H, W]`` (4x smaller than float; scaled to
-    [0,1] per item). A stacked feature never reads across its episode's bounds: offsets
-    past either end repeat the edge frame and are flagged in ``<feature>_is_pad``.
+    For generated datasets (the embedded reach task, the contrib plugin's pendulum) whose
+    frames are computed, not read. ``frames`` maps feature keys to arrays with one row
+    per frame: float32 features as ``[N, *shape]``, images as uint8 ``[N, 3, H, W]`` (4x
+    smaller than float; scaled to [0,1] per item).
     """
 
     def __init__(
@@ -180,37 +206,30 @@ class InMemoryDataset(PolicyDataset):
                 raise ValueError(f"feature {key!r} has {len(array)} frames, episode_index has {n}")
         if n and np.any(np.diff(self.episode_index) < 0):
             raise ValueError("episodes must be stored contiguously, in increasing episode_index order")
-        unknown = sorted(set(delta_indices) - set(frames))
-        if unknown:
-            raise ConfigError(
-                f"the policy asks for frame offsets of {unknown}, which this dataset lacks "
-                f"(it has {sorted(frames)}); pick a dataset with those features"
-            )
-        self.delta_indices = {k: np.asarray(v, dtype=np.int64) for k, v in delta_indices.items()}
-        # For every frame, the [start, end) frame range of its episode.
-        _, starts, counts = np.unique(self.episode_index, return_index=True, return_counts=True)
-        per_episode = np.repeat(np.arange(len(starts)), counts)
-        self._start = starts[per_episode]
-        self._end = (starts + counts)[per_episode]
+        self.delta_indices = expand_delta_indices(
+            delta_indices, {k: meta.features[k].is_image for k in frames}
+        )
+        _, counts = np.unique(self.episode_index, return_counts=True)
+        self.windows = EpisodeWindows(counts)
 
     def __len__(self) -> int:
         return len(self.episode_index)
 
+    def episode_lengths(self) -> np.ndarray:
+        return self.windows.lengths
+
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         import torch
 
-        if not -len(self) <= i < len(self):
-            raise IndexError(f"frame {i} out of range for a dataset of {len(self)} frames")
-        i = int(i) % len(self)
+        i = self.windows.check_index(i)
         item: dict[str, torch.Tensor] = {}
         for key, array in self.frames.items():
             offsets = self.delta_indices.get(key)
             if offsets is None:
                 value = array[i]
             else:
-                idx = i + offsets
-                is_pad = (idx < self._start[i]) | (idx >= self._end[i])
-                value = array[np.clip(idx, self._start[i], self._end[i] - 1)]
+                rows, is_pad = self.windows.window(i, offsets)
+                value = array[rows]
                 item[pad_key(key)] = torch.from_numpy(is_pad)
             tensor = torch.tensor(value)
             if self.meta.features[key].is_image:

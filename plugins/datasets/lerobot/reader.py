@@ -1,94 +1,219 @@
-"""Loads a LeRobot v3.0 dataset (``--dataset.repo_id``) into memory as a ``PolicyDataset``.
+"""A LeRobot v3.0 dataset (``--dataset.repo_id``) as a ``PolicyDataset`` that holds no frames.
 
-Everything the selected episodes hold is read up front into numpy arrays: vectors as
-float32, camera frames (images and decoded videos) as uint8 ``[N, C, H, W]``, so memory
-is about ``N × (C·H·W + 4·dims)`` bytes — fine for the single-task datasets this kit
-trains on (50 episodes × 400 frames of two 96x96 cameras is ~1.1 GB), not for
-million-frame corpora. In exchange, items are plain array slices: fast, deterministic,
-picklable into DataLoader workers. Chunking and padding at episode ends are
-``InMemoryDataset``'s (a chunk never reads into the next episode).
+Construction reads metadata only — ``meta/info.json``, the episode table, task texts,
+``meta/stats.json`` and the parquet footers of the data files (to catch a truncated
+file at start-up rather than mid-run) — so ``len``, features and stats are known
+without loading a frame. Items are assembled on demand, in whichever process asks
+(DataLoader workers, in training):
+
+- numeric features, ``timestamp`` and encoded images come from the memory-mapped
+  column cache of each data file (``columns``), built on first use;
+- images stored in the data files are decoded per item (``images``);
+- video frames are decoded per item with PyAV, by a per-process pool of decoders
+  (``video``), at the timestamps LeRobot's reader would query.
+
+Stacked features (``delta_indices``, cameras included) are windows inside the item's
+episode with padding flags (``core.data.windows``), as LeRobot's ``delta_timestamps``.
+A dataset pickles without open files or maps, so each worker opens its own.
 
 Normalisation stats come from ``meta/stats.json`` (dataset-wide, also when
 ``--dataset.episodes`` selects a subset, as in LeRobot); features it lacks get stats
-computed from the loaded frames.
+computed from the selected episodes (``stats``).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lerobot_kit.core.data.dataset import DatasetMeta, InMemoryDataset, compute_stats
-from lerobot_kit.plugins.datasets.lerobot.plugin import LeRobotDatasetConfig
-from lerobot_kit.plugins.datasets.lerobot.frames import load_episode_frames
+from lerobot_kit.core.data.dataset import DatasetMeta, PolicyDataset, pad_key
+from lerobot_kit.core.data.windows import EpisodeWindows, expand_delta_indices
+from lerobot_kit.plugins.datasets.lerobot import images, video
+from lerobot_kit.plugins.datasets.lerobot.columns import FileColumns, episode_rows, open_file_columns
+from lerobot_kit.plugins.datasets.lerobot.files import LeRobotDatasetError, require_pil, require_pyarrow
 from lerobot_kit.plugins.datasets.lerobot.locate import locate_dataset
 from lerobot_kit.plugins.datasets.lerobot.meta import (
+    INFO_FILE,
+    EpisodeRow,
+    LeRobotInfo,
     read_episodes,
     read_info,
     read_stats,
     read_tasks,
     select_episodes,
 )
-from lerobot_kit.plugins.datasets.lerobot.video import decode_episodes, require_video_decoder
+from lerobot_kit.plugins.datasets.lerobot.plugin import LeRobotDatasetConfig
+
+if TYPE_CHECKING:
+    import torch
 
 
-class LeRobotDataset(InMemoryDataset):
-    """An ``InMemoryDataset`` that also remembers where it came from and its task texts.
+class LeRobotDataset(PolicyDataset):
+    """The selected episodes of a LeRobot v3.0 dataset, frames read per item.
 
-    ``tasks`` maps task index to text and ``task_index`` gives each frame's task (-1 when
-    the dataset stores none); they stay out of items, which carry tensors only.
+    ``tasks`` maps task index to text; like the frames' task indices, it stays out of
+    items, which carry tensors only.
     """
 
     def __init__(
         self,
-        meta: DatasetMeta,
-        frames: dict[str, np.ndarray],
-        episode_index: np.ndarray,
+        info: LeRobotInfo,
+        all_episodes: dict[int, EpisodeRow],
+        episodes: list[EpisodeRow],
         delta_indices: dict[str, list[int]],
+        av: ModuleType | None,
         *,
         repo_id: str,
-        root: Path,
         tasks: dict[int, str],
-        task_index: np.ndarray,
     ) -> None:
-        super().__init__(meta, frames, episode_index, delta_indices)
+        self.info = info
+        self.root = info.root
         self.repo_id = repo_id
-        self.root = root
         self.tasks = tasks
-        self.task_index = task_index
+        self.episodes = episodes
+        self.windows = EpisodeWindows(np.array([row.length for row in episodes], dtype=np.int64))
+        features = {key: source.spec for key, source in info.features.items()}
+        self.delta_indices = expand_delta_indices(delta_indices, {k: f.is_image for k, f in features.items()})
+        self._in_file = {
+            data_file: [row for row in all_episodes.values() if row.data_file == data_file]
+            for data_file in {row.data_file for row in episodes}
+        }
+        first_rows = {f: episode_rows(rows) for f, rows in self._in_file.items()}
+        # Per selected episode: the row of its first frame in its data file's column cache.
+        self._first_row = np.array([first_rows[row.data_file][row.index] for row in episodes], dtype=np.int64)
+        self._columns: dict[tuple[int, int], FileColumns] = {}
+        self._columns_pid = os.getpid()
+        self._videos = video.VideoDecoders(av, info.fps) if av is not None else None
+        self.meta = DatasetMeta(
+            features=features, stats={}, fps=info.fps, num_episodes=len(episodes), num_frames=len(self.windows)
+        )
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def episode_lengths(self) -> np.ndarray:
+        return self.windows.lengths
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Memory maps would pickle as copies of the data: a worker maps the files itself.
+        return {**self.__dict__, "_columns": {}}
+
+    def columns(self, data_file: tuple[int, int]) -> FileColumns:
+        """The memory-mapped columns of a data file, opened once per process."""
+        if os.getpid() != self._columns_pid:  # a forked worker maps the files itself
+            self._columns, self._columns_pid = {}, os.getpid()
+        found = self._columns.get(data_file)
+        if found is None:
+            found = self._columns[data_file] = open_file_columns(self.info, data_file, self._in_file[data_file])
+        return found
+
+    def episode_arrays(self, position: int) -> tuple[FileColumns, np.ndarray]:
+        """Columns of the ``position``-th selected episode's data file, and its frames' rows there."""
+        row = self.episodes[position]
+        first = self._first_row[position]
+        return self.columns(row.data_file), np.arange(first, first + row.length)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        import torch
+
+        i = self.windows.check_index(i)
+        position = self.windows.episode_of(i)
+        episode = self.episodes[position]
+        columns = self.columns(episode.data_file)
+        to_row = self._first_row[position] - self.windows.starts[position]  # frame number -> cache row
+        item: dict[str, torch.Tensor] = {}
+        for key, source in self.info.features.items():
+            offsets = self.delta_indices.get(key)
+            if offsets is None:
+                frames = np.array([i])
+            else:
+                frames, is_pad = self.windows.window(i, offsets)
+                item[pad_key(key)] = torch.from_numpy(is_pad)
+            rows = frames + to_row
+            if source.kind == "numeric":
+                value = torch.from_numpy(np.array(columns.numeric[key][rows]))
+            else:
+                pixels = self.camera_frames(key, position, rows)
+                value = torch.from_numpy(pixels).to(torch.float32) / 255.0
+            item[key] = value if offsets is not None else value[0]
+        item["episode_index"] = torch.tensor(episode.index, dtype=torch.int64)
+        item["index"] = torch.tensor(i, dtype=torch.int64)
+        return item
+
+    def camera_frames(self, key: str, position: int, rows: np.ndarray) -> np.ndarray:
+        """uint8 ``[len(rows), C, H, W]`` of camera ``key`` at cache rows of the ``position``-th episode."""
+        episode = self.episodes[position]
+        columns = self.columns(episode.data_file)
+        source = self.info.features[key]
+        if source.kind == "image":
+            path = self.info.data_file(*episode.data_file)
+            first = self._first_row[position]
+            return np.stack([
+                images.decode_image(columns.encoded_image(key, int(r)), source.spec.shape,
+                                    f"{path}: {key!r} of episode {episode.index}, frame {int(r - first)},")
+                for r in rows
+            ])
+        assert self._videos is not None and columns.timestamp is not None  # checked at construction
+        ref = episode.videos[key]
+        times = ref.from_timestamp + columns.timestamp[rows].astype(np.float64)
+        return self._videos.frames(self.info.video_file(key, ref), key, episode.index, times, source.spec.shape)
 
 
 def make_lerobot_dataset(config: LeRobotDatasetConfig, delta_indices: dict[str, list[int]]) -> LeRobotDataset:
-    """The dataset factory registered as ``--dataset.type=lerobot``."""
+    """The dataset factory registered as ``--dataset.type=lerobot``: metadata only, no frames."""
+    from lerobot_kit.plugins.datasets.lerobot.stats import complete_stats
+
     assert config.repo_id is not None  # the config validator requires it
     root = locate_dataset(config.repo_id, config.root, config.revision, config.allow_download)
     info = read_info(root)
     video_keys = info.keys("video")
-    av = require_video_decoder(config.video_backend, video_keys) if video_keys else None
-    episodes = select_episodes(read_episodes(info), config.episodes)
-    tasks = read_tasks(root)
-    loaded = load_episode_frames(info, episodes)
+    av = video.require_video_decoder(config.video_backend, video_keys) if video_keys else None
+    for key in info.keys("image"):
+        images.check_channels(root / INFO_FILE, key, info.features[key].spec.shape)
     for key in video_keys:
-        timestamps = {row.index: loaded[row.index].timestamp for row in episodes}
-        for index, frames in decode_episodes(av, info, key, episodes, timestamps).items():
-            loaded[index].arrays[key] = frames
-
-    features = {key: source.spec for key, source in info.features.items()}
-    frames = {key: np.concatenate([loaded[row.index].arrays[key] for row in episodes]) for key in features}
-    episode_index = np.concatenate([np.full(row.length, row.index, dtype=np.int64) for row in episodes])
-    task_index = np.concatenate([
-        loaded[row.index].task_index if loaded[row.index].task_index is not None else np.full(row.length, -1)
-        for row in episodes
-    ]).astype(np.int64)
-
-    stats = read_stats(root, features)
-    missing = {k: frames[k] for k, spec in features.items() if k not in stats and spec.dtype in ("float32", "image")}
-    stats.update(compute_stats(missing, features))
-    meta = DatasetMeta(
-        features=features, stats=stats, fps=info.fps, num_episodes=len(episodes), num_frames=len(episode_index)
+        video.check_channels(root / INFO_FILE, key, info.features[key].spec.shape)
+    all_episodes = read_episodes(info)
+    episodes = select_episodes(all_episodes, config.episodes)
+    _check_data_files(info, all_episodes, episodes)
+    if info.keys("image"):
+        require_pil()
+    dataset = LeRobotDataset(
+        info, all_episodes, episodes, delta_indices, av, repo_id=config.repo_id, tasks=read_tasks(root)
     )
-    return LeRobotDataset(
-        meta, frames, episode_index, delta_indices,
-        repo_id=config.repo_id, root=root, tasks=tasks, task_index=task_index,
-    )
+    dataset.meta.stats = complete_stats(dataset, read_stats(root, dataset.meta.features))
+    return dataset
+
+
+def _check_data_files(info: LeRobotInfo, all_episodes: dict[int, EpisodeRow], episodes: list[EpisodeRow]) -> None:
+    """Every file the selected episodes need exists; data files hold as many rows as their episodes.
+
+    Reads parquet footers only, so a truncated or missing file stops the run at start-up,
+    naming the file, instead of in a DataLoader worker hours later.
+    """
+    pq = require_pyarrow()
+    for data_file in sorted({row.data_file for row in episodes}):
+        path = info.data_file(*data_file)
+        held = [row for row in all_episodes.values() if row.data_file == data_file]
+        what = f"the frames of episode(s) {sorted(r.index for r in held)}"
+        if not path.is_file():
+            raise LeRobotDatasetError(
+                f"{path}: missing; it should hold {what}. The dataset is incomplete: re-copy or re-download it"
+            )
+        try:
+            rows = pq.read_metadata(path).num_rows
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
+            raise LeRobotDatasetError(f"{path}: not a readable parquet file ({exc}); it holds {what}") from exc
+        expected = sum(row.length for row in held)
+        if rows != expected:
+            raise LeRobotDatasetError(
+                f"{path}: holds {rows} frames, but meta/episodes puts {expected} frames of episode(s) "
+                f"{sorted(r.index for r in held)} in it; the dataset is inconsistent (re-copy or re-download it)"
+            )
+    for key in info.keys("video"):
+        for path in sorted({info.video_file(key, row.videos[key]) for row in episodes}):
+            if not path.is_file():
+                raise LeRobotDatasetError(f"{path}: missing; it holds video {key!r}. The dataset is incomplete")

@@ -1,11 +1,20 @@
-"""Video features: frames decoded from ``videos/<key>/chunk-*/file-*.mp4`` with PyAV.
+"""Video features: frames decoded on demand from ``videos/<key>/chunk-*/file-*.mp4`` with PyAV.
 
 A v3.0 video file concatenates many episodes; an episode's frame with timestamp ``t``
 (the ``timestamp`` column) is the video frame shown at ``from_timestamp + t``, where
-``from_timestamp`` comes from the episode's row in ``meta/episodes``. Each file is
-decoded once, front to back, keeping only frames that some selected frame asks for;
-a frame further than ``TOLERANCE_FRAMES`` frame periods from its query is an error (the
-video and the data disagree), never a silent nearest-neighbour guess.
+``from_timestamp`` comes from the episode's row in ``meta/episodes``. A query is served
+as LeRobot's PyAV reader serves it — seek to the key frame before the first wanted
+time, decode forward until a frame at or past the last one, take the nearest frame to
+each query, convert it with ``to_ndarray(format="rgb24")`` — so the pixels are the
+same. A frame further than ``TOLERANCE_FRAMES`` frame periods from its query is an
+error (the video and the data disagree), never a silent nearest-neighbour guess.
+
+Each process (a DataLoader worker) keeps a bounded pool of open decoders. A decoder
+that stopped shortly before the wanted time decodes forward instead of seeking, so
+reading consecutive frames decodes each frame once; a recent few decoded frames are
+kept, so history windows that overlap (frame ``t`` in item ``t`` and ``t+1``) are not
+decoded twice. LeRobot encodes with a key frame every 2 frames, so a seek costs at most
+one extra frame; long GOPs stay correct, only slower.
 
 PyAV (``pip install 'lerobot-kit[video]'``) is the only decoder: it ships its own
 FFmpeg with AV1 (LeRobot's default codec) and H.264 decoders.
@@ -13,20 +22,23 @@ FFmpeg with AV1 (LeRobot's default codec) and H.264 decoders.
 
 from __future__ import annotations
 
-from collections import defaultdict
+import collections
+import os
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
 from lerobot_kit.core.errors import ConfigError
 from lerobot_kit.plugins.datasets.lerobot.files import LeRobotDatasetError
-from lerobot_kit.plugins.datasets.lerobot.meta import EpisodeRow, LeRobotInfo
 
 VIDEO_EXTRA = "pip install 'lerobot-kit[video]' (or: pip install av)"
 BACKENDS = ("pyav",)
 TOLERANCE_FRAMES = 0.4
 FRAME_FORMATS = {1: "gray", 3: "rgb24"}
+MAX_OPEN_DECODERS = 8  # per process; each holds a demuxer, a one-thread decoder and RECENT_FRAMES frames
+RECENT_FRAMES = 4
 
 
 def require_video_decoder(backend: str | None, video_keys: list[str]) -> ModuleType:
@@ -46,79 +58,184 @@ def require_video_decoder(backend: str | None, video_keys: list[str]) -> ModuleT
     return av
 
 
-def decode_episodes(
-    av: ModuleType, info: LeRobotInfo, key: str, episodes: list[EpisodeRow], timestamps: dict[int, np.ndarray]
-) -> dict[int, np.ndarray]:
-    """uint8 ``[length, C, H, W]`` frames of ``key`` per episode index."""
-    by_file: dict[Path, list[EpisodeRow]] = defaultdict(list)
-    for row in episodes:
-        by_file[info.video_file(key, row.videos[key])].append(row)
-    tolerance = TOLERANCE_FRAMES / info.fps
-    out: dict[int, np.ndarray] = {}
-    for path, rows in sorted(by_file.items()):
-        queries = {row.index: row.videos[key].from_timestamp + timestamps[row.index].astype(np.float64) for row in rows}
-        wanted = np.sort(np.concatenate(list(queries.values())))
-        times, frames = _decode_file(av, path, key, info.features[key].spec.shape, wanted, tolerance)
-        for index, query in queries.items():
-            pick, distance = _nearest(times, query)
-            unmatched = np.flatnonzero(distance > tolerance)
-            if len(unmatched):
-                first = int(unmatched[0])
-                found = f"nearest frame at {times[pick[first]]:.4f}s" if len(times) else "no frames decoded"
+def check_channels(info_file: Path, key: str, shape: tuple[int, ...]) -> None:
+    if shape[0] not in FRAME_FORMATS:
+        raise LeRobotDatasetError(
+            f"{info_file}: video feature {key!r} has {shape[0]} channels; supported: {sorted(FRAME_FORMATS)}"
+        )
+
+
+class _Decoder:
+    """One open video file: its demuxer, a live decode position and the last frames decoded."""
+
+    def __init__(self, av: ModuleType, path: Path) -> None:
+        self.path = path
+        self.container = av.open(str(path))
+        self.stream = self.container.streams.video[0]
+        # Workers decode in parallel, one thread each; more threads only add frame buffers.
+        self.stream.codec_context.thread_count = 1
+        self.time_base = self.stream.time_base
+        self.frames: Any = None  # the decode iterator since the last seek
+        self.position = -np.inf  # time of the last decoded frame
+        self.recent: collections.deque[tuple[float, Any]] = collections.deque(maxlen=RECENT_FRAMES)
+        self.frames_per_key = 1  # the longest run of frames seen between key frames
+        self._since_key = 0
+
+    def seek(self, time: float) -> None:
+        # As LeRobot: the key frame at or before one time-base tick before ``time``.
+        self.container.seek(round(time / self.time_base) - 1, backward=True, any_frame=False, stream=self.stream)
+        self.frames = self.container.decode(self.stream)
+        self.position = -np.inf
+        self.recent.clear()
+
+    def next(self) -> tuple[float, Any] | None:
+        """The next decoded frame and its presentation time, or None at the end of the stream."""
+        if self.frames is None:
+            return None
+        for frame in self.frames:
+            if frame.pts is None:
+                continue
+            self._since_key = 0 if frame.key_frame else self._since_key + 1
+            self.frames_per_key = max(self.frames_per_key, self._since_key + 1)
+            time = float(frame.pts * self.time_base)
+            self.position = time
+            self.recent.append((time, frame))
+            return time, frame
+        self.frames = None
+        return None
+
+    def close(self) -> None:
+        self.container.close()
+
+
+class VideoDecoders:
+    """The open decoders of one process, at most ``max_open``, least recently used closed first.
+
+    Pickles empty (a DataLoader worker opens its own): FFmpeg state cannot cross processes.
+    """
+
+    def __init__(self, av: ModuleType, fps: int, max_open: int = MAX_OPEN_DECODERS) -> None:
+        self.av = av
+        self.fps = fps
+        self.tolerance = TOLERANCE_FRAMES / fps
+        self.max_open = max_open
+        self._open: collections.OrderedDict[int, _Decoder] = collections.OrderedDict()
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "av": None, "_open": collections.OrderedDict()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        import av
+
+        self.av = av
+
+    def frames(self, path: Path, key: str, episode: int, times: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """uint8 ``[len(times), C, H, W]``: the frame of ``path`` nearest to each time."""
+        wanted = np.unique(times)
+        try:
+            found = self._decode(path, wanted)
+        except LeRobotDatasetError:
+            raise
+        except FileNotFoundError as exc:
+            raise LeRobotDatasetError(
+                f"{path}: missing; it holds video {key!r} of episode {episode}. The dataset is incomplete"
+            ) from exc
+        except Exception as exc:  # noqa: BLE001 - FFmpeg errors come in many types
+            self._forget(path)
+            raise LeRobotDatasetError(
+                f"{path}: cannot decode video {key!r} at {wanted[0]:.4f}s (episode {episode}): "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        pixels = {}
+        for time in wanted:
+            frame = found.get(float(time))
+            if frame is None:
                 raise LeRobotDatasetError(
-                    f"{path}: episode {index} needs the frame at {query[first]:.4f}s of {key!r} but the video has "
-                    f"{found}; the video does not match meta/episodes (from_timestamp) and the timestamp column"
+                    f"{path}: episode {episode} needs the frame at {time:.4f}s of {key!r} but the video has "
+                    f"{self._nearest_text(path, float(time))}; the video does not match meta/episodes "
+                    "(from_timestamp) and the timestamp column"
                 )
-            out[index] = frames[pick]
-    return out
+            pixels[float(time)] = _to_array(path, key, frame, shape)
+        return np.stack([pixels[float(t)] for t in times])
+
+    def _decode(self, path: Path, wanted: np.ndarray) -> dict[float, Any]:
+        """Nearest frame within tolerance for each wanted time (sorted), decoding as little as it can."""
+        decoder = self._decoder_for(path, float(wanted[0]))
+        best: dict[float, tuple[float, Any]] = {}
+
+        def offer(time: float, frame: Any) -> None:
+            for j in _within(wanted, time, self.tolerance):
+                query = float(wanted[j])
+                if query not in best or abs(time - query) < abs(best[query][0] - query):
+                    best[query] = (time, frame)
+
+        for time, frame in decoder.recent:
+            offer(time, frame)
+        while decoder.position < wanted[-1]:
+            decoded = decoder.next()
+            if decoded is None:
+                break
+            offer(*decoded)
+        return {query: frame for query, (_, frame) in best.items()}
+
+    def _decoder_for(self, path: Path, first: float) -> _Decoder:
+        """An open decoder of ``path`` that can reach ``first`` by decoding forward, else a seeked one."""
+        if os.getpid() != self._pid:  # a forked worker: the parent's decoders are not ours
+            self._open, self._pid = collections.OrderedDict(), os.getpid()
+        for ident, decoder in reversed(self._open.items()):
+            if decoder.path != path:
+                continue
+            recent_start = decoder.recent[0][0] if decoder.recent else np.inf
+            ahead = (first - decoder.position) * self.fps
+            if recent_start - self.tolerance <= first <= decoder.position + self.tolerance or (
+                decoder.frames is not None and 0 < ahead <= decoder.frames_per_key + 1
+            ):
+                self._open.move_to_end(ident)
+                return decoder
+        same_file = [d for d in self._open.values() if d.path == path]
+        if len(self._open) >= self.max_open:
+            ident, oldest = next(iter(self._open.items()))
+            if same_file and oldest.path != path:
+                # Reuse this file's least recently used decoder before closing another file's.
+                ident, oldest = next((i, d) for i, d in self._open.items() if d.path == path)
+            del self._open[ident]
+            oldest.close()
+        decoder = _Decoder(self.av, path)
+        self._open[id(decoder)] = decoder
+        decoder.seek(first)
+        return decoder
+
+    def _forget(self, path: Path) -> None:
+        for ident in [i for i, d in self._open.items() if d.path == path]:
+            self._open.pop(ident).close()
+
+    def _nearest_text(self, path: Path, time: float) -> str:
+        seen = [t for d in self._open.values() if d.path == path for t, _ in d.recent]
+        if not seen:
+            return "no frames near it"
+        nearest = min(seen, key=lambda t: abs(t - time))
+        return f"nearest frame at {nearest:.4f}s"
+
+    def close(self) -> None:
+        while self._open:
+            self._open.popitem()[1].close()
 
 
-def _decode_file(
-    av: ModuleType, path: Path, key: str, shape: tuple[int, ...], wanted: np.ndarray, tolerance: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """Presentation times and frames of ``path`` that lie within ``tolerance`` of a wanted time."""
-    if not path.is_file():
-        raise LeRobotDatasetError(f"{path}: missing; it holds video {key!r}. The dataset is incomplete")
+def _within(sorted_times: np.ndarray, time: float, tolerance: float) -> range:
+    """Indices of the sorted times within ``tolerance`` of ``time``."""
+    lo = int(np.searchsorted(sorted_times, time - tolerance, side="left"))
+    hi = int(np.searchsorted(sorted_times, time + tolerance, side="right"))
+    return range(lo, hi)
+
+
+def _to_array(path: Path, key: str, frame: Any, shape: tuple[int, ...]) -> np.ndarray:
     channels, height, width = shape
-    pixel_format = FRAME_FORMATS.get(channels)
-    if pixel_format is None:
-        raise LeRobotDatasetError(f"video feature {key!r} has {channels} channels; supported: 1, 3")
-    times: list[float] = []
-    frames: list[np.ndarray] = []
-    try:
-        with av.open(str(path)) as container:
-            for frame in container.decode(video=0):
-                if frame.time is None:
-                    raise LeRobotDatasetError(f"{path}: a frame of {key!r} has no presentation timestamp")
-                if frame.time > wanted[-1] + tolerance:
-                    break
-                _, distance = _nearest(wanted, np.array([frame.time]))
-                if distance[0] > tolerance:
-                    continue
-                pixels = frame.to_ndarray(format=pixel_format)
-                pixels = pixels.reshape(pixels.shape[0], pixels.shape[1], -1).transpose(2, 0, 1)
-                if pixels.shape != (channels, height, width):
-                    raise LeRobotDatasetError(
-                        f"{path}: frames of {key!r} are {pixels.shape[2]}x{pixels.shape[1]}; "
-                        f"meta/info.json declares {width}x{height}"
-                    )
-                times.append(frame.time)
-                frames.append(pixels)
-    except LeRobotDatasetError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - FFmpeg errors come in many types
-        raise LeRobotDatasetError(f"{path}: cannot decode video {key!r}: {type(exc).__name__}: {exc}") from exc
-    order = np.argsort(np.asarray(times), kind="stable")
-    stacked = np.stack(frames)[order] if frames else np.empty((0, *shape), dtype=np.uint8)
-    return np.asarray(times, dtype=np.float64)[order], stacked
-
-
-def _nearest(sorted_times: np.ndarray, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Index of the nearest entry of ``sorted_times`` to each query, and the distance to it."""
-    if not len(sorted_times):
-        return np.zeros(len(query), dtype=np.int64), np.full(len(query), np.inf)
-    right = np.clip(np.searchsorted(sorted_times, query), 0, len(sorted_times) - 1)
-    left = np.clip(right - 1, 0, len(sorted_times) - 1)
-    use_left = np.abs(sorted_times[left] - query) <= np.abs(sorted_times[right] - query)
-    pick = np.where(use_left, left, right)
-    return pick, np.abs(sorted_times[pick] - query)
+    pixels = frame.to_ndarray(format=FRAME_FORMATS[channels])
+    pixels = pixels.reshape(pixels.shape[0], pixels.shape[1], -1).transpose(2, 0, 1)
+    if pixels.shape != (channels, height, width):
+        raise LeRobotDatasetError(
+            f"{path}: frames of {key!r} are {pixels.shape[2]}x{pixels.shape[1]}; meta/info.json declares {width}x{height}"
+        )
+    return pixels

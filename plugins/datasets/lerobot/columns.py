@@ -1,0 +1,248 @@
+"""The columns of one ``data/chunk-*/file-*.parquet``, memory-mapped from a cache built once.
+
+Parquet is compressed, so it cannot be memory-mapped and a random row costs a whole
+page to decompress. The first process that needs a data file converts it, once, into
+plain arrays beside the dataset (``<root>/.lerobot_kit_cache/``; a per-user cache when
+the dataset folder is read-only): every numeric feature, ``timestamp`` and
+``task_index`` as ``.npy`` and every image feature as one file of encoded bytes plus
+an ``[rows, 2]`` offset/length table. Every later process (each rank, each DataLoader
+worker) maps those files read-only, so a node holds one copy of them, in the page
+cache, however many processes read it; process memory stays flat in dataset size.
+
+Rows are stored grouped by episode in episode-index order, each episode in
+``frame_index`` order, so an episode is a contiguous row range. A cache entry is named
+after its data file's size and modification time: a changed file gets a new entry.
+Builders take a file lock, so concurrent ranks and workers build it once; an entry
+appears by an atomic rename, so a reader never sees half of one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+import numpy as np
+
+from lerobot_kit.plugins.datasets.lerobot.files import LeRobotDatasetError, parquet_columns, read_parquet, require_pyarrow
+from lerobot_kit.plugins.datasets.lerobot.meta import EpisodeRow, LeRobotInfo, SourceFeature
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+CACHE_DIR = ".lerobot_kit_cache"
+FORMAT = 1  # bump when the layout of an entry changes
+MANIFEST = "manifest.json"
+IMAGE_BATCH_ROWS = 256  # rows of encoded images read at a time while building: bounds build memory
+
+
+@dataclass
+class FileColumns:
+    """One data file's rows, grouped by episode: arrays are read-only memory maps."""
+
+    numeric: dict[str, np.ndarray]
+    timestamp: np.ndarray | None
+    task_index: np.ndarray | None
+    image_bytes: dict[str, np.ndarray]  # uint8 blob per image feature
+    image_spans: dict[str, np.ndarray]  # [rows, 2] offset, length into the blob
+
+    def encoded_image(self, key: str, row: int) -> bytes:
+        offset, length = self.image_spans[key][row]
+        return self.image_bytes[key][offset : offset + length].tobytes()
+
+
+def episode_rows(rows_in_file: list[EpisodeRow]) -> dict[int, int]:
+    """Episode index → its first row in the file's cache entry (episodes in index order)."""
+    first, out = 0, {}
+    for row in sorted(rows_in_file, key=lambda r: r.index):
+        out[row.index] = first
+        first += row.length
+    return out
+
+
+def open_file_columns(info: LeRobotInfo, data_file: tuple[int, int], rows_in_file: list[EpisodeRow]) -> FileColumns:
+    """Map the cache entry of ``data_file`` (``rows_in_file``: every episode it holds), building it if needed."""
+    source = info.data_file(*data_file)
+    entry = _entry_dir(info.root, source)
+    if not (entry / MANIFEST).is_file():
+        with _locked(entry.with_name(entry.name + ".lock")):
+            if not (entry / MANIFEST).is_file():
+                _build(info, source, sorted(rows_in_file, key=lambda r: r.index), entry)
+    return _open(entry)
+
+
+def _entry_dir(dataset_root: Path, source: Path) -> Path:
+    try:
+        stat = source.stat()
+    except FileNotFoundError as exc:
+        raise LeRobotDatasetError(f"{source}: missing; the dataset is incomplete (re-copy or re-download it)") from exc
+    relative = source.relative_to(dataset_root).with_suffix("")
+    name = f"{'-'.join(relative.parts)}-{stat.st_size}-{stat.st_mtime_ns}"
+    return _cache_root(dataset_root) / f"v{FORMAT}" / name
+
+
+def _cache_root(dataset_root: Path) -> Path:
+    """Beside the dataset when its folder is writable, else under the user's cache folder."""
+    beside = dataset_root / CACHE_DIR
+    with contextlib.suppress(OSError):
+        beside.mkdir(exist_ok=True)
+        if os.access(beside, os.W_OK):
+            return beside
+    user_cache = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser()
+    digest = hashlib.sha1(str(dataset_root.resolve()).encode()).hexdigest()[:16]
+    return user_cache / "lerobot_kit" / "datasets" / digest
+
+
+@contextlib.contextmanager
+def _locked(lock_file: Path) -> Iterator[None]:
+    try:
+        lock_file.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(lock_file, "a")
+    except OSError as exc:
+        raise LeRobotDatasetError(
+            f"{lock_file.parent}: cannot write the dataset's column cache there ({exc}); free disk space or "
+            "make the folder writable"
+        ) from exc
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _open(entry: Path) -> FileColumns:
+    manifest = json.loads((entry / MANIFEST).read_text())
+
+    def load(name: str | None) -> np.ndarray | None:
+        return None if name is None else np.load(entry / name, mmap_mode="r")
+
+    blobs = {}
+    for key, (blob, _) in manifest["images"].items():
+        path = entry / blob
+        # np.memmap refuses empty files; a dataset whose images are all empty bytes has none to map.
+        blobs[key] = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.empty(0, np.uint8)
+    return FileColumns(
+        numeric={key: load(name) for key, name in manifest["numeric"].items()},
+        timestamp=load(manifest["timestamp"]),
+        task_index=load(manifest["task_index"]),
+        image_bytes=blobs,
+        image_spans={key: load(spans) for key, (_, spans) in manifest["images"].items()},
+    )
+
+
+def _build(info: LeRobotInfo, source: Path, rows: list[EpisodeRow], entry: Path) -> None:
+    """Write the entry into a temporary folder, then rename it into place."""
+    what = f"the frames of episode(s) {[r.index for r in rows]}"
+    present = parquet_columns(source, what)
+    numeric = [f for f in info.features.values() if f.kind == "numeric"]
+    images = [f for f in info.features.values() if f.kind == "image"]
+    needed = {"timestamp"} if info.keys("video") else set()  # video frames are found by timestamp
+    extras = [c for c in ("frame_index", "timestamp", "task_index") if c in present or c in needed]
+    table = read_parquet(source, ["episode_index", *extras, *(f.key for f in numeric)], what)
+    order = _row_order(source, table, rows)
+    source_rows = table.num_rows
+    tmp = entry.with_name(f"{entry.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    manifest: dict[str, object] = {"format": FORMAT, "source": str(source), "rows": len(order)}
+    numeric_files = {}
+    for n, feature in enumerate(numeric):
+        numeric_files[feature.key] = f"numeric{n}.npy"
+        np.save(tmp / f"numeric{n}.npy", _numeric(source, feature, table.column(feature.key))[order])
+    manifest["numeric"] = numeric_files
+    for name in ("timestamp", "task_index"):
+        manifest[name] = None
+        if name in extras:
+            np.save(tmp / f"{name}.npy", table.column(name).to_numpy()[order])
+            manifest[name] = f"{name}.npy"
+    del table
+    manifest["images"] = {}
+    for n, feature in enumerate(images):
+        spans = _write_image_bytes(source, feature, tmp / f"image{n}.bin", source_rows)
+        np.save(tmp / f"image{n}.spans.npy", spans[order])
+        manifest["images"][feature.key] = [f"image{n}.bin", f"image{n}.spans.npy"]  # type: ignore[index]
+    (tmp / MANIFEST).write_text(json.dumps(manifest))
+    try:
+        os.rename(tmp, entry)
+    except OSError:  # another process renamed its copy first (only without working locks)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _row_order(source: Path, table: pa.Table, rows: list[EpisodeRow]) -> np.ndarray:
+    """Source row numbers in cache order: episodes in index order, each by ``frame_index``."""
+    episode_column = table.column("episode_index").to_numpy()
+    frame_index = table.column("frame_index").to_numpy() if "frame_index" in table.column_names else None
+    order = []
+    for row in rows:
+        picked = np.flatnonzero(episode_column == row.index)
+        if len(picked) != row.length:
+            raise LeRobotDatasetError(
+                f"{source}: holds {len(picked)} frames of episode {row.index}, but meta/episodes says {row.length}; "
+                "the dataset is inconsistent (re-copy or re-download it)"
+            )
+        if frame_index is not None:
+            picked = picked[np.argsort(frame_index[picked], kind="stable")]
+        order.append(picked)
+    return np.concatenate(order) if order else np.empty(0, dtype=np.int64)
+
+
+def _numeric(path: Path, feature: SourceFeature, column: pa.ChunkedArray) -> np.ndarray:
+    """``[N, *shape]`` in the item dtype, from a scalar, list, or nested fixed-size-list column."""
+    import pyarrow as pa
+
+    values = column.combine_chunks()
+    n = len(values)
+    while pa.types.is_list(values.type) or pa.types.is_large_list(values.type) or pa.types.is_fixed_size_list(
+        values.type
+    ):
+        values = values.flatten()
+    shape = feature.spec.shape
+    if len(values) != n * math.prod(shape):
+        raise LeRobotDatasetError(
+            f"{path}: column {feature.key!r} holds {len(values)} values for {n} frames; "
+            f"meta/info.json declares shape {list(shape)}"
+        )
+    if values.null_count:
+        raise LeRobotDatasetError(f"{path}: column {feature.key!r} has {values.null_count} missing values")
+    return values.to_numpy(zero_copy_only=False).astype(feature.spec.dtype).reshape(n, *shape)
+
+
+def _write_image_bytes(source: Path, feature: SourceFeature, blob: Path, num_rows: int) -> np.ndarray:
+    """Append every row's encoded image to ``blob``; ``[rows, 2]`` offset/length in source row order."""
+    import pyarrow as pa
+
+    pq = require_pyarrow()
+    spans = np.zeros((num_rows, 2), dtype=np.int64)
+    row, offset = 0, 0
+    try:
+        batches = pq.ParquetFile(source).iter_batches(batch_size=IMAGE_BATCH_ROWS, columns=[feature.key])
+        with open(blob, "wb") as out:
+            for batch in batches:
+                values = batch.column(0)
+                if pa.types.is_struct(values.type) and values.type.get_field_index("bytes") >= 0:
+                    values = values.field("bytes")
+                if not (pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):
+                    raise LeRobotDatasetError(
+                        f"{source}: image column {feature.key!r} has type {values.type}; "
+                        "expected struct<bytes, path> of encoded images"
+                    )
+                for data in values.to_pylist():
+                    if data is None:
+                        raise LeRobotDatasetError(
+                            f"{source}: row {row} of {feature.key!r} has no embedded image bytes "
+                            "(images referenced by path only are not supported)"
+                        )
+                    out.write(data)
+                    spans[row] = (offset, len(data))
+                    offset += len(data)
+                    row += 1
+    except LeRobotDatasetError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
+        raise LeRobotDatasetError(f"{source}: not a readable parquet file ({exc}); it holds {feature.key!r}") from exc
+    return spans
