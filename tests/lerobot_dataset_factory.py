@@ -34,6 +34,14 @@ STATE_NAMES = ["x", "y", "target_x", "target_y"]
 ACTION_NAMES = ["vx", "vy"]
 DEFAULT_TASKS = ("reach the red target", "reach the target slowly")
 MAX_SPEED = 0.3
+# codec -> (encoder, pixel format, options). "h264": 4:4:4 at quality 0, near-lossless, one key
+# frame for a whole test video (a long GOP); "h264_gop2": key frame every 2 frames, B-frames
+# allowed; "av1": what LeRobot's recorder writes (SVT-AV1, 4:2:0, GOP 2, crf 30, preset 12).
+VIDEO_CODECS = {
+    "h264": ("libx264", "yuv444p", {"crf": "0"}),
+    "h264_gop2": ("libx264", "yuv420p", {"crf": "18", "g": "2"}),
+    "av1": ("libsvtav1", "yuv420p", {"g": "2", "crf": "30", "preset": "12", "svtav1-params": "fast-decode=0"}),
+}
 
 
 @dataclass
@@ -69,13 +77,14 @@ def write_lerobot_dataset(
     tasks: tuple[str, ...] = DEFAULT_TASKS,
     stats: bool = True,
     seed: int = 0,
+    codec: str = "h264",
 ) -> WrittenDataset:
     """Write a v3.0 dataset with one episode per entry of ``episodes`` (its length) under ``root``.
 
     ``episodes_per_file`` packs that many episodes per data/video/episode-metadata file
     (default: all in one); file ``k`` is ``chunk-{k // chunks_size}/file-{k % chunks_size}``.
     ``image`` adds a PNG camera (``IMAGE_KEY``), ``video`` an mp4 camera (``VIDEO_KEY``, needs
-    PyAV). ``stats=False`` leaves out ``meta/stats.json``.
+    PyAV) encoded with ``codec`` (``VIDEO_CODECS``). ``stats=False`` leaves out ``meta/stats.json``.
     """
     root = Path(root)
     state, action = _rollout(episodes, fps, seed)
@@ -100,7 +109,7 @@ def write_lerobot_dataset(
         _write_data_file(root / _chunk_file("data", chunk, file, "parquet"), written, lo, hi, frame_index, image)
         if video:
             _write_video(root / _chunk_file(f"videos/{VIDEO_KEY}", chunk, file, "mp4"),
-                         written.cameras[VIDEO_KEY][lo:hi], fps)
+                         written.cameras[VIDEO_KEY][lo:hi], fps, codec)
         rows = []
         for e in group:
             start, end = bounds[e]
@@ -129,7 +138,7 @@ def write_lerobot_dataset(
 
     _write_table(root / "meta/tasks.parquet",
                  pa.table({"task_index": pa.array(range(len(tasks)), pa.int64()), "task": list(tasks)}))
-    features = _features(image, video, image_size)
+    features = _features(image, video, image_size, codec)
     info = {
         "codebase_version": "v3.0",
         "robot_type": "point2d",
@@ -194,7 +203,7 @@ def _chunk_file(folder: str, chunk: int, file: int, ext: str) -> str:
     return f"{folder}/chunk-{chunk:03d}/file-{file:03d}.{ext}"
 
 
-def _features(image: bool, video: bool, size: int) -> dict[str, dict]:
+def _features(image: bool, video: bool, size: int, codec: str) -> dict[str, dict]:
     camera_names = ["height", "width", "channels"]
     features: dict[str, dict] = {
         STATE_KEY: {"dtype": "float32", "shape": [len(STATE_NAMES)], "names": STATE_NAMES},
@@ -205,7 +214,8 @@ def _features(image: bool, video: bool, size: int) -> dict[str, dict]:
     if video:
         features[VIDEO_KEY] = {
             "dtype": "video", "shape": [size, size, 3], "names": camera_names,
-            "info": {"video.height": size, "video.width": size, "video.codec": "h264", "video.pix_fmt": "yuv444p"},
+            "info": {"video.height": size, "video.width": size, "video.codec": VIDEO_CODECS[codec][0],
+                     "video.pix_fmt": VIDEO_CODECS[codec][1]},
         }
     features[DONE_KEY] = {"dtype": "bool", "shape": [1], "names": None}
     features["timestamp"] = {"dtype": "float32", "shape": [1], "names": None}
@@ -245,16 +255,16 @@ def _png(frame: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def _write_video(path: Path, frames: np.ndarray, fps: int) -> None:
-    """H.264, 4:4:4 at quality 0 (near-lossless), one frame per 1/fps starting at 0."""
+def _write_video(path: Path, frames: np.ndarray, fps: int, codec: str) -> None:
+    """One frame per 1/fps starting at 0, encoded as ``VIDEO_CODECS[codec]`` says."""
     import av
 
+    name, pix_fmt, options = VIDEO_CODECS[codec]
     path.parent.mkdir(parents=True, exist_ok=True)
     with av.open(str(path), "w") as container:
-        stream = container.add_stream("libx264", rate=fps)
+        stream = container.add_stream(name, rate=fps, options=options)
         stream.width, stream.height = frames.shape[3], frames.shape[2]
-        stream.pix_fmt = "yuv444p"
-        stream.options = {"crf": "0"}
+        stream.pix_fmt = pix_fmt
         for i, pixels in enumerate(frames):
             frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(pixels.transpose(1, 2, 0)), format="rgb24")
             frame.pts = i
