@@ -29,7 +29,7 @@ Stable:
 Importing this module does not import torch, so a plugin's hook module and config
 classes stay light (``lerobot --help`` imports every plugin). The names that need torch
 (``Policy``, ``CheckpointFormat``, the weight I/O, ``is_peft_model``) are imported on
-first access.
+first access; ``from lerobot_kit.api import *`` takes them all, and so imports torch.
 """
 
 from __future__ import annotations

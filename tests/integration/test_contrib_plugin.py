@@ -112,7 +112,7 @@ def test_fsdp_training_with_fp16_checkpoints_resumes(site, tmp_path):
 
 def test_fp16_weights_load_through_policy_path(site, tmp_path, plugin):
     """What ``--policy.path`` does: a strict load that widens the fp16 file into fp32 parameters."""
-    from lerobot_kit.core.model.policy import load_pretrained
+    from lerobot_kit.api import load_pretrained
 
     result = run_cli("train", f"--output_dir={tmp_path / 'run'}", *TINY_MLP, "--checkpoint_format=safetensors_fp16",
                      "--steps=2", "--save_freq=2", env=with_plugin(site), cwd=tmp_path)

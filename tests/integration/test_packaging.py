@@ -1,4 +1,4 @@
-"""The wheel holds every module of core/, plugins/ and cli/ under lerobot_kit.*."""
+"""The wheel holds every module of api/, core/, plugins/ and cli/ under lerobot_kit.*."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def test_wheel_contains_every_module(tmp_path):
     wheel = next(tmp_path.glob("lerobot_kit-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = set()
-    for top in ("core", "plugins", "cli"):
+    for top in ("api", "core", "plugins", "cli"):
         for source in (REPO / top).rglob("*.py"):
             expected.add("lerobot_kit/" + source.relative_to(REPO).as_posix())
     missing = sorted(expected - names)

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-import textwrap
-from pathlib import Path
+
+import pytest
 
 from conftest import run_cli
 from lerobot_kit.core.registry import hookspecs
+from plugin_dists import env_with, make_distribution
 
 PLUGIN_MODULE = '''
 from typing import Callable
 from pydantic import Field
-from lerobot_kit.core.config.schema import DatasetConfig, PolicyConfig
-from lerobot_kit.core.registry.hookspecs import hookimpl
+from lerobot_kit.api import DatasetConfig, PolicyConfig, hookimpl
 
 class TinyConfig(PolicyConfig):
     type: str = "tiny"
@@ -39,22 +38,6 @@ def lerobot_register_checkpoint_formats(register: Callable) -> None:
 def lerobot_register_launchers(register: Callable) -> None:
     register("tinylauncher", "tinyplug_impl:Launcher")
 '''
-
-
-def make_distribution(root: Path, name: str, module_source: str, entry_name: str | None = None) -> Path:
-    """A minimal installed distribution: module + .dist-info with an entry point."""
-    root.mkdir(parents=True, exist_ok=True)
-    (root / f"{name}.py").write_text(textwrap.dedent(module_source))
-    info = root / f"{name}-1.2.3.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.2.3\n")
-    (info / "entry_points.txt").write_text(f"[lerobot_kit]\n{entry_name or name} = {name}\n")
-    return root
-
-
-def env_with(*paths: Path, **extra: str) -> dict[str, str]:
-    pythonpath = os.pathsep.join([*map(str, paths), os.environ.get("PYTHONPATH", "")])
-    return {"PYTHONPATH": pythonpath, **extra}
 
 
 def test_every_hook_is_registered_by_a_third_party_plugin_and_listed(tmp_path):
@@ -111,3 +94,53 @@ def test_unknown_hook_in_a_plugin_is_an_error(tmp_path):
     result = run_cli("plugins", env=env_with(site))
     assert result.returncode != 0
     assert "typoplug" in result.stderr and "unknown hook" in result.stderr
+
+
+HOOK_BODY = """
+import sys
+from lerobot_kit.api import hookimpl
+
+@hookimpl
+def lerobot_register_policies(register):
+    {}
+"""
+FAILURES = {
+    "raises on import": ("raise RuntimeError('no licence server')", "failed to import", "RuntimeError: no licence server"),
+    "exits on import": ("import sys\nsys.exit(0)", "failed to import", "called sys.exit(0)"),
+    "raises in a hook": (HOOK_BODY.format("raise RuntimeError('no licence server')"),
+                         "failed in lerobot_register_policies", "RuntimeError: no licence server"),
+    "exits in a hook": (HOOK_BODY.format("sys.exit(0)"), "failed in lerobot_register_policies", "called sys.exit(0)"),
+}
+
+
+@pytest.mark.parametrize("source, where, what", FAILURES.values(), ids=FAILURES.keys())
+def test_a_plugin_that_raises_or_exits_is_one_line_naming_it(tmp_path, source, where, what):
+    """sys.exit(0) matters most: uncaught, the command would end silently with success."""
+    site = make_distribution(tmp_path / "site", "grumpyplug", source)
+    result = run_cli("plugins", env=env_with(site))
+    assert (result.returncode, result.stdout) == (1, ""), result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith("error: plugin 'grumpyplug'"), line
+    assert where in line and what in line and "LEROBOT_DISABLE_PLUGINS=grumpyplug" in line, line
+
+
+WRONG_KIND = """
+from lerobot_kit.api import PolicyConfig, hookimpl
+
+class DictPolicyConfig(PolicyConfig):
+    type: str = "dict_policy"
+
+@hookimpl
+def lerobot_register_policies(register):
+    register("dict_policy", DictPolicyConfig, "collections:OrderedDict")
+"""
+
+
+def test_a_registered_class_of_the_wrong_kind_is_one_line_naming_the_plugin(tmp_path):
+    site = make_distribution(tmp_path / "site", "oddplug", WRONG_KIND)
+    result = run_cli("train", "--policy.type=dict_policy", "--dataset.num_episodes=2", "--steps=1",
+                     f"--output_dir={tmp_path / 'run'}", env=env_with(site), cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith("error: plugin 'oddplug' (oddplug) registered policy 'dict_policy' as "
+                           "<class 'collections.OrderedDict'>, which is not a subclass of lerobot_kit.api.Policy"), line

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from lerobot_kit.core.registry.hookspecs import hookimpl
+from lerobot_kit.api import hookimpl
 from lerobot_kit_mlp.configuration import PendulumDatasetConfig, ResidualMLPConfig
 
 __all__ = ["PendulumDatasetConfig", "ResidualMLPConfig"]

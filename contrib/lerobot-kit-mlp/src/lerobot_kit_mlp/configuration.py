@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from lerobot_kit.core.config.schema import DatasetConfig, PolicyConfig
+from lerobot_kit.api import DatasetConfig, PolicyConfig
 
 
 class ResidualMLPConfig(PolicyConfig):

@@ -19,14 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lerobot_kit.core.data.dataset import (
-    ACTION_KEY,
-    STATE_KEY,
-    DatasetMeta,
-    FeatureSpec,
-    InMemoryDataset,
-    compute_stats,
-)
+from lerobot_kit.api import ACTION_KEY, STATE_KEY, DatasetMeta, FeatureSpec, InMemoryDataset, compute_stats
 from lerobot_kit_mlp.configuration import PendulumDatasetConfig
 
 FPS = 20

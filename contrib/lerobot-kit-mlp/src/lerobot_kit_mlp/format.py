@@ -32,10 +32,14 @@ from safetensors.torch import save_file
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
-from lerobot_kit.core.checkpoint import paths
-from lerobot_kit.core.checkpoint.weights import CheckpointFormat, read_safetensors, write_gathered
-from lerobot_kit.core.errors import CheckpointError
-from lerobot_kit.core.model.peft import is_peft_model
+from lerobot_kit.api import (
+    MODEL_WEIGHTS,
+    CheckpointError,
+    CheckpointFormat,
+    is_peft_model,
+    read_safetensors,
+    write_gathered,
+)
 
 NARROWED_KEY = "lerobot_kit_mlp.fp16_from_fp32"  # metadata: JSON list of tensors stored narrowed
 FP16_MAX = torch.finfo(torch.float16).max
@@ -54,7 +58,7 @@ class Fp16SafetensorsFormat(CheckpointFormat):
         if is_main:
             tensors, narrowed = narrow_to_fp16(state)
             metadata = {"format": "pt", NARROWED_KEY: json.dumps(narrowed)}
-            save_file(tensors, str(pretrained_dir / paths.MODEL_WEIGHTS), metadata=metadata)
+            save_file(tensors, str(pretrained_dir / MODEL_WEIGHTS), metadata=metadata)
         # One of the toolkit's weight kinds: inspect-checkpoint then checks model.safetensors is there.
         return "gathered"
 
@@ -62,9 +66,9 @@ class Fp16SafetensorsFormat(CheckpointFormat):
         if is_peft_model(model):
             super().load_weights(model, pretrained_dir, distributed=distributed, is_main=is_main)
             return
-        path = pretrained_dir / paths.MODEL_WEIGHTS
+        path = pretrained_dir / MODEL_WEIGHTS
         if not path.is_file():
-            raise CheckpointError(f"{pretrained_dir}: no {paths.MODEL_WEIGHTS}, which format safetensors_fp16 writes")
+            raise CheckpointError(f"{pretrained_dir}: no {MODEL_WEIGHTS}, which format safetensors_fp16 writes")
         if not distributed:
             try:
                 model.load_state_dict(read_widened(path), strict=True)

@@ -22,9 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lerobot_kit.core.data.dataset import ACTION_KEY, STATE_KEY, DatasetMeta, pad_key
-from lerobot_kit.core.errors import ConfigError
-from lerobot_kit.core.model.policy import Policy
+from lerobot_kit.api import ACTION_KEY, STATE_KEY, ConfigError, DatasetMeta, Policy, pad_key
 from lerobot_kit_mlp.configuration import ResidualMLPConfig
 
 ACTION_PAD_KEY = pad_key(ACTION_KEY)
