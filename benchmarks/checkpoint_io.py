@@ -76,7 +76,7 @@ def _worker(outdir: Path, spec: dict[str, Any]) -> None:
 
     ctx = init_distributed(timeout_s=600)
     config = parse_train_config([*spec["flags"], f"--output_dir={outdir / 'run'}"])
-    prepared = prepare_run(config, None, ctx)
+    prepared = prepare_run(config, ctx)
     run, parallel = prepared.run, prepared.run.parallel
     loss, _ = parallel.module(run.preprocessor(next(iter(prepared.loader))))
     loss.backward()

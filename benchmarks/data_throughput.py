@@ -44,7 +44,7 @@ def _loader_rate(ctx: Context, flags: list[str], batches: int, slug: str) -> Cal
     from lerobot_kit.core.run.prepare import prepare_run
 
     config = parse_train_config([*flags, f"--output_dir={ctx.folder(NAME, slug) / 'run'}"])
-    iterator = iter(prepare_run(config, None, init_distributed(60)).loader)
+    iterator = iter(prepare_run(config, init_distributed(60)).loader)
 
     def rate() -> float:
         start = time.perf_counter()

@@ -170,7 +170,7 @@ def ablation(ctx: Context, name: str, flags: list[str]) -> dict[str, Any]:
     from lerobot_kit.core.run.prepare import prepare_run
 
     config = parse_train_config([*flags, f"--output_dir={ctx.folder(NAME, name + '_ablation') / 'run'}"])
-    prepared = prepare_run(config, None, init_distributed(60))
+    prepared = prepare_run(config, init_distributed(60))
     run = prepared.run
     model, optimizer, preprocessor = run.parallel.module, run.optimizer, run.preprocessor
     model.train()

@@ -83,7 +83,7 @@ def _measure(flags: list[str], ctx: Any, outdir: Path) -> dict[str, Any]:
     config = parse_train_config([*flags, f"--output_dir={outdir / 'run'}"])
     _import_run_modules(config)
     before = rss_now()
-    prepared = prepare_run(config, None, ctx)
+    prepared = prepare_run(config, ctx)
     startup_peak = rss_peak()
     run = prepared.run
     parallel = run.parallel

@@ -50,8 +50,6 @@ def render_help(policy_class: type[BaseModel], dataset_class: type[BaseModel], r
         "",
         "Train a policy. Flags override --config_path; values are JSON for lists/dicts.",
         "Under torchrun / accelerate launch the same flags apply; no --parallelism.* means DDP.",
-        "",
-        f"  --config_path  path  (none)  A train_config.json to start from.",
     ]
     sections: list[tuple[str, Iterator[tuple[str, str, str, str]]]] = [
         ("", (f for f in iter_flags(TrainConfig) if not f[0].startswith(("--policy", "--dataset")))),

@@ -1,4 +1,4 @@
-"""``lerobot train``: flags → config → run. Also the ``lerobot-train`` console script."""
+"""``lerobot train``: flags → config → run."""
 
 from __future__ import annotations
 
@@ -32,14 +32,13 @@ def run_train(args: list[str]) -> None:
         if "--help" in args or "-h" in args:
             _print_help(args)
             return
-        from lerobot_kit.core.config.flags import CONFIG_PATH_FLAG, flags_to_dict, parse_train_config
+        from lerobot_kit.core.config.flags import parse_train_config
 
-        config_path = flags_to_dict(args).get(CONFIG_PATH_FLAG)
         config = parse_train_config(args)
         from lerobot_kit.core.run.prepare import train
 
         try:
-            train(config, config_path)
+            train(config)
         except Exception as exc:
             if _collective_failure(exc):
                 raise LerobotError(

@@ -75,7 +75,7 @@ def write_checkpoint(run: RunComponents, step: int, position: DataPosition) -> N
     rng = _gather_rng(run)
     if ctx.is_main:
         save_pretrained(model, run.meta, run.preprocessor, run.postprocessor, None, pretrained)
-        write_json(pretrained / paths.TRAIN_CONFIG, config.to_json_dict())
+        write_json(pretrained / paths.TRAIN_CONFIG, run.spec.recorded_config())
         save_rng(rng, state_dir)
         write_json(state_dir / paths.SCHEDULER_STATE, scheduler_state(run.scheduler))
         if run.scaler is not None:

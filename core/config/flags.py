@@ -201,7 +201,7 @@ def build_train_config(raw: dict[str, Any]) -> TrainConfig:
 def parse_train_config(args: list[str]) -> TrainConfig:
     """CLI args (flags and optional ``--config_path``) to a validated config."""
     flags = flags_to_dict(args)
-    config_path = flags.pop(CONFIG_PATH_FLAG, None)
+    config_path = flags.get(CONFIG_PATH_FLAG)
     raw = read_config_file(config_path) if config_path else {}
     return build_train_config(deep_merge(raw, flags))
 

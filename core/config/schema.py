@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
 
+from lerobot_kit.core.data.options import ImageTransformsConfig, SamplerConfig
+
 
 class Section(BaseModel):
     """Base of every config section: unknown keys are errors, assignments validated."""
@@ -45,6 +47,8 @@ class DatasetConfig(Section):
     type: str = Field("reach", description="Dataset type; `lerobot` when --dataset.repo_id is given.")
     repo_id: str | None = Field(None, description="LeRobot-format dataset id (user/name).")
     root: str | None = Field(None, description="Local folder of the dataset (else the Hugging Face cache).")
+    image_transforms: ImageTransformsConfig = Field(default_factory=ImageTransformsConfig)
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
 
 
 class ParallelismConfig(Section):
@@ -132,10 +136,17 @@ class TrainConfig(Section):
     output_dir: str | None = Field(None, description="Run folder (default outputs/train/<date>/<time>_<job_name>).")
     job_name: str | None = Field(None, description="Run name (default <policy.type>_<dataset.type>).")
     resume: bool = Field(False, description="Resume the run in output_dir from checkpoints/last.")
+    config_path: str | None = Field(
+        None, exclude=True, description="JSON config to start from (flags override it); a checkpoint's "
+        "train_config.json with --resume=true resumes that checkpoint.",
+    )
     seed: int = Field(1000, description="Seed of weights, data order and dropout.")
     steps: int = Field(1000, ge=1, description="Loop steps (micro-batches per worker), not optimizer updates.")
     batch_size: int = Field(8, ge=1, description="Micro-batch per data-parallel worker.")
-    num_workers: int = Field(0, ge=0, description="DataLoader worker processes.")
+    num_workers: int | None = Field(
+        None, ge=0, description="DataLoader worker processes per rank (default: the rank's share of CPU cores - 1, "
+        "at most 4; 0 loads in the training process)."
+    )
     log_freq: int = Field(100, ge=1, description="Log every N steps.")
     save_checkpoint: bool = Field(True, description="Write checkpoints.")
     save_freq: int = Field(1000, ge=1, description="Checkpoint every N steps (and at the end).")

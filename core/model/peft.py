@@ -68,13 +68,8 @@ def is_peft_model(model: nn.Module) -> bool:
     return peft is not None and isinstance(model, peft.PeftModel)
 
 
-def prepare_request(config: TrainConfig) -> None:
-    """Refuse an unusable PEFT request before any data or model is built, and pin the base.
-
-    ``--policy.path`` becomes the resolved ``pretrained_model/`` folder, so the run's
-    ``train_config.json`` names the very base the adapter trains on: a resume reloads it
-    even after a ``checkpoints/last`` it was given through has moved on.
-    """
+def check_request(config: TrainConfig) -> None:
+    """Refuse an unusable PEFT request before any data or model is built."""
     method = config.peft.method_type
     if method is None:
         return
@@ -91,7 +86,6 @@ def prepare_request(config: TrainConfig) -> None:
     if method.upper() != "LORA" and config.peft.lora_dropout:
         raise ConfigError(f"--peft.lora_dropout applies to LORA only, not to --peft.method_type={method}")
     import_peft()
-    config.policy.path = str(base_path_of(config.policy.path))
 
 
 def base_path_of(policy_path: str | Path) -> Path:

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from lerobot_kit.core.checkpoint import dcp_metadata
+from lerobot_kit.core.offline import dcp_metadata
 from lerobot_kit.core.offline.dcp_chunks import ChunkReader, row_blocks
 from lerobot_kit.core.checkpoint.atomic import fsync_dir
 from lerobot_kit.core.offline.safetensors_header import METADATA_KEY, read_safetensors_header, tensors

@@ -22,7 +22,7 @@ from typing import BinaryIO
 
 import torch
 
-from lerobot_kit.core.checkpoint import dcp_metadata
+from lerobot_kit.core.offline import dcp_metadata
 from lerobot_kit.core.errors import CheckpointError
 
 

@@ -92,6 +92,14 @@ class ParallelDims:
     def dp_world_size(self) -> int:
         return self.dp_replicate * self.dp_shard
 
+    def dp_rank(self, rank: int) -> int:
+        """The data-parallel index of global ``rank``: which slice of every batch it reads.
+
+        Every rank is a data-parallel worker while the only axes are dp_replicate and
+        dp_shard (laid out row-major, as the mesh is), so it is the global rank.
+        """
+        return rank
+
     def to_json(self) -> dict[str, Any]:
         return {
             "world_size": self.world_size,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -170,21 +169,13 @@ def plan_model(
 
 
 def plan_run(config: TrainConfig, world_size: int) -> ShardingPlan:
-    """Resolve topology, dataset features and the policy (with its PEFT adapters, if asked)
-    as ``lerobot train`` would, on the meta device."""
-    from lerobot_kit.core.model.peft import align_trainable_dtypes, prepare_request, wrap_policy
-    from lerobot_kit.core.model.policy import make_policy
+    """The plan of the run ``lerobot train`` would start on ``world_size`` processes: the
+    same spec and the same model assembly (PEFT adapters included), on the meta device."""
+    from lerobot_kit.core.model.build import build_model, declared_wrap_modules
     from lerobot_kit.core.data.build import build_dataset
+    from lerobot_kit.core.run.spec import resolve_run
 
-    dims = ParallelDims.resolve(config.parallelism, world_size)
-    prepare_request(config)
+    spec = resolve_run(config, world_size)
     dataset = build_dataset(config)
-    with torch.device("meta"):
-        policy = make_policy(config.policy, dataset.meta)
-    declared = getattr(type(policy), "_fsdp_wrap_modules", None)
-    model: nn.Module = policy
-    if config.peft.method_type is not None:
-        # As the run does: a frozen base with adapters, so only they count as trainable.
-        model = wrap_policy(policy, config.peft, Path(str(config.policy.path)))
-        align_trainable_dtypes(model, config, dims, declared)
-    return plan_model(model, dims, config.accelerator, declared)
+    model = build_model(spec, dataset.meta, torch.device("meta"))
+    return plan_model(model, spec.dims, config.accelerator, declared_wrap_modules(model))

@@ -18,13 +18,13 @@ from lerobot_kit.core.distributed.process_group import DistContext
 from lerobot_kit.core.parallel.parallelize import Parallelized
 from lerobot_kit.core.model.processor import PolicyProcessor
 from lerobot_kit.core.parallel.dims import ParallelDims
+from lerobot_kit.core.run.spec import RunSpec
 
 
 @dataclass
 class RunComponents:
-    config: TrainConfig
+    spec: RunSpec
     ctx: DistContext
-    dims: ParallelDims
     parallel: Parallelized
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
@@ -32,4 +32,15 @@ class RunComponents:
     preprocessor: PolicyProcessor
     postprocessor: PolicyProcessor
     meta: DatasetMeta
-    output_dir: Path
+
+    @property
+    def config(self) -> TrainConfig:
+        return self.spec.config
+
+    @property
+    def dims(self) -> ParallelDims:
+        return self.spec.dims
+
+    @property
+    def output_dir(self) -> Path:
+        return self.spec.output_dir

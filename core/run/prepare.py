@@ -1,94 +1,41 @@
 """Assemble a training run from a validated config and hand it to the Trainer.
 
-This is DESIGN.md's data flow, one call per arrow: env guard → process group →
-topology → output folder → data → policy → parallelize → optimizer/scheduler/scaler
-→ optional resume → banner → loop → final save/push.
+One call per stage: env guard → process group → run spec (agreed by every rank) → data
+→ model → parallelize → optimizer/scheduler/scaler → optional resume → banner → loop →
+final save/push.
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
-import torch
-from torch.utils.data import DataLoader
 
-from lerobot_kit.core.distributed.accelerate_guard import check_accelerate_env
-from lerobot_kit.core.run.banner import format_banner
-from lerobot_kit.core.checkpoint import paths
+import torch
+
 from lerobot_kit.core.checkpoint.save_restore import restore_checkpoint
-from lerobot_kit.core.run.components import RunComponents
 from lerobot_kit.core.config.schema import TrainConfig
-from lerobot_kit.core.data.dataset import DatasetMeta
+from lerobot_kit.core.data.loader import TrainingLoader, build_loader
 from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
+from lerobot_kit.core.distributed.accelerate_guard import check_accelerate_env
 from lerobot_kit.core.distributed.process_group import DistContext, barrier, broadcast_object, init_distributed, shutdown
 from lerobot_kit.core.errors import CheckpointError, ConfigError
-from lerobot_kit.core.run.optim import build_optimizer, build_scheduler
+from lerobot_kit.core.model.build import build_model, declared_wrap_modules
 from lerobot_kit.core.parallel.parallelize import Parallelized, parallelize
 from lerobot_kit.core.parallel.precision import build_grad_scaler
+from lerobot_kit.core.run.banner import format_banner
+from lerobot_kit.core.run.components import RunComponents
+from lerobot_kit.core.run.optim import build_optimizer, build_scheduler
 from lerobot_kit.core.run.publish import publish_final
-from lerobot_kit.core.parallel.dims import ParallelDims
+from lerobot_kit.core.run.spec import RunSpec, resolve_run
 from lerobot_kit.core.run.tracking import make_tracker
 from lerobot_kit.core.run.trainer import Trainer, TrainResult
 
 logger = logging.getLogger("lerobot_kit")
 
 
-@dataclass
-class RunPlan:
-    """Where the run writes, and the checkpoint it resumes from (if any)."""
-
-    output_dir: Path
-    resume_from: Path | None
-
-
-def plan_output(config: TrainConfig, config_path: str | None) -> RunPlan:
-    """Decide the run folder and resume source; refuse to overwrite an existing run."""
-    if config.resume:
-        step_dir = _checkpoint_of(config_path)
-        if step_dir is None:
-            if config.output_dir is None:
-                raise ConfigError(
-                    "--resume=true needs a run to resume: pass --config_path=<output_dir>/checkpoints/last/"
-                    "pretrained_model/train_config.json (or --output_dir of the run)"
-                )
-            step_dir = paths.last_checkpoint(Path(config.output_dir))
-            if step_dir is None:
-                raise CheckpointError(
-                    f"--resume=true: {config.output_dir} has no checkpoint to resume ({paths.CHECKPOINTS_DIR}/"
-                    f"{paths.LAST_LINK} is missing); start a new run without --resume"
-                )
-        return RunPlan(step_dir.parent.parent, step_dir)
-    if config.output_dir is None:
-        stamp = datetime.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
-        job = config.job_name or f"{config.policy.type}_{config.dataset.type}"
-        output_dir = Path("outputs/train") / f"{stamp}_{job}"
-    else:
-        output_dir = Path(config.output_dir)
-    if output_dir.exists() and any(output_dir.iterdir()):
-        raise ConfigError(
-            f"--output_dir={output_dir} already exists and is not empty; pass --resume=true to continue "
-            "that run, or choose another --output_dir (nothing was changed)"
-        )
-    return RunPlan(output_dir, None)
-
-
-def _checkpoint_of(config_path: str | None) -> Path | None:
-    """The step folder a ``.../checkpoints/NNNNNN/pretrained_model/train_config.json`` lives in."""
-    if not config_path:
-        return None
-    pretrained = Path(config_path).resolve().parent
-    if pretrained.name != paths.PRETRAINED_DIR:
-        return None
-    step_dir = pretrained.parent
-    return step_dir if (step_dir / paths.TRAINING_STATE_DIR).is_dir() else None
-
-
 def setup_logging(is_main: bool) -> None:
-    """Only the main process prints (SPEC S2.6); other ranks keep errors only."""
+    """Only the main process prints; other ranks keep errors only."""
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
     logger.handlers[:] = [handler]
@@ -96,13 +43,13 @@ def setup_logging(is_main: bool) -> None:
     logger.propagate = False
 
 
-def train(config: TrainConfig, config_path: str | None = None) -> TrainResult:
+def train(config: TrainConfig) -> TrainResult:
     check_accelerate_env(os.environ)
     ctx = init_distributed(config.parallelism.timeout_s)
     setup_logging(ctx.is_main)
     # No ``finally``: on an error a peer may be dead, and shutdown's barrier would wait for
     # it until the collective timeout; exiting non-zero tears the group down instead.
-    result = _train(config, config_path, ctx)
+    result = _train(config, ctx)
     shutdown(ctx)
     # After the process group is gone, so that peers exit instead of timing out in a
     # collective while the main process uploads.
@@ -110,18 +57,18 @@ def train(config: TrainConfig, config_path: str | None = None) -> TrainResult:
     return result
 
 
-def _agreed_plan(config: TrainConfig, config_path: str | None, ctx: DistContext) -> RunPlan:
-    """The main process decides (one clock, one look at the disk); the others follow."""
+def agree_on_spec(config: TrainConfig, ctx: DistContext) -> RunSpec:
+    """The main process resolves the spec (one clock, one look at the disk); the others follow."""
     outcome: object = None
     if ctx.is_main:
         try:
-            outcome = plan_output(config, config_path)
+            outcome = resolve_run(config, ctx.world_size)
         except (ConfigError, CheckpointError) as exc:
             outcome = exc
     outcome = broadcast_object(ctx, outcome)
     if isinstance(outcome, Exception):
         raise outcome
-    assert isinstance(outcome, RunPlan)
+    assert isinstance(outcome, RunSpec)
     return outcome
 
 
@@ -130,71 +77,48 @@ class PreparedRun:
     """A run ready for its first step: components built, checkpoint (if any) restored."""
 
     run: RunComponents
-    loader: DataLoader
+    loader: TrainingLoader
     sampler: ResumableBatchSampler
     start_step: int
     position: DataPosition
     dataset_len: int
 
 
-def prepare_run(config: TrainConfig, config_path: str | None, ctx: DistContext) -> PreparedRun:
+def prepare_run(config: TrainConfig, ctx: DistContext) -> PreparedRun:
     """Everything before the loop; collective. Also the entry for tools that inspect a run."""
     from lerobot_kit.core.model.processor import make_processors
     from lerobot_kit.core.data.build import build_dataset
 
-    dims = ParallelDims.resolve(config.parallelism, ctx.world_size)
-    accumulation = config.accelerator.gradient_accumulation.steps
-    if config.save_checkpoint and config.save_freq % accumulation:
-        raise ConfigError(
-            f"--save_freq={config.save_freq} must be a multiple of --accelerator.gradient_accumulation.steps="
-            f"{accumulation}, so that checkpoints fall between optimizer updates"
-        )
-    from lerobot_kit.core.model.peft import prepare_request
-
-    prepare_request(config)
-    plan = _agreed_plan(config, config_path, ctx)
-    config.output_dir = str(plan.output_dir)
-    config.resume = plan.resume_from is not None
-
+    spec = agree_on_spec(config, ctx)
+    dims = spec.dims
     dataset = build_dataset(config)
     preprocessor, postprocessor = make_processors(config.policy, dataset.meta)
-    parallel = _build_parallel_policy(config, ctx, dims, dataset.meta, from_checkpoint=plan.resume_from is not None)
+    parallel = _parallel_model(spec, ctx, dataset.meta)
     params = [p for p in parallel.model.parameters() if p.requires_grad]
     optimizer = build_optimizer(params, config.optimizer)
     scheduler = build_scheduler(optimizer, config.scheduler, config.steps)
     scaler = build_grad_scaler(config.accelerator, dims, ctx)
-    run = RunComponents(
-        config, ctx, dims, parallel, optimizer, scheduler, scaler, preprocessor, postprocessor, dataset.meta,
-        plan.output_dir,
-    )
+    run = RunComponents(spec, ctx, parallel, optimizer, scheduler, scaler, preprocessor, postprocessor, dataset.meta)
     start_step, position = 0, DataPosition()
-    if plan.resume_from is not None:
-        restored = restore_checkpoint(run, plan.resume_from)
+    if spec.resume_from is not None:
+        restored = restore_checkpoint(run, spec.resume_from)
         start_step, position = restored.step, restored.position
-        position = _check_data_position(restored.saved, config, dims, position)
+        _warn_if_not_sample_exact(restored.saved, spec)
     else:
         # Dropout differs per rank; weights (seeded above) and data order do not depend on it.
         torch.manual_seed(config.seed + ctx.rank)
-    sampler = ResumableBatchSampler(
-        len(dataset), config.batch_size, dims.dp_world_size, _dp_rank(ctx, dims), config.seed, start=position
-    )
-    # A private generator: creating the iterator must not draw from the global RNG, or a
-    # resumed run's dropout would drift from the uninterrupted run's.
-    loader = DataLoader(
-        dataset, batch_sampler=sampler, num_workers=config.num_workers,
-        generator=torch.Generator().manual_seed(config.seed),
-    )
-    return PreparedRun(run, loader, sampler, start_step, position, len(dataset))
+    loader = build_loader(dataset, config, dims.dp_world_size, dims.dp_rank(ctx.rank), position, ctx.device)
+    return PreparedRun(run, loader, loader.sampler, start_step, position, len(dataset))
 
 
-def _train(config: TrainConfig, config_path: str | None, ctx: DistContext) -> TrainResult:
-    prepared = prepare_run(config, config_path, ctx)
+def _train(config: TrainConfig, ctx: DistContext) -> TrainResult:
+    prepared = prepare_run(config, ctx)
     run = prepared.run
     if ctx.is_main:
         run.output_dir.mkdir(parents=True, exist_ok=True)
         for line in format_banner(run, prepared.dataset_len, prepared.start_step):
             logger.info(line)
-    tracker = make_tracker(config, ctx, run.output_dir)
+    tracker = make_tracker(run.spec, ctx)
     barrier(ctx)
     trainer = Trainer(run, iter(prepared.loader), prepared.sampler, prepared.start_step, prepared.position, tracker)
     try:
@@ -209,9 +133,7 @@ def _train(config: TrainConfig, config_path: str | None, ctx: DistContext) -> Tr
     return result
 
 
-def _build_parallel_policy(
-    config: TrainConfig, ctx: DistContext, dims: ParallelDims, meta: DatasetMeta, from_checkpoint: bool
-) -> Parallelized:
+def _parallel_model(spec: RunSpec, ctx: DistContext, meta: object) -> Parallelized:
     """The policy in its layout, with the weights a one-process run would start from.
 
     Sharded runs materialise the full model on the main process only: the others build
@@ -222,27 +144,12 @@ def _build_parallel_policy(
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    from lerobot_kit.core.model.policy import load_pretrained_weights, make_policy
-
+    dims = spec.dims
     on_meta = dims.sharded and not ctx.is_main
-    torch.manual_seed(config.seed)
-    with torch.device("meta") if on_meta else contextlib.nullcontext():
-        policy = make_policy(config.policy, meta)
-    use_peft = config.peft.method_type is not None
-    # A PEFT checkpoint holds only the adapter: on resume too the base comes from --policy.path.
-    if config.policy.path and (use_peft or not from_checkpoint) and not on_meta:
-        load_pretrained_weights(policy, Path(config.policy.path))
-    declared = getattr(type(policy), "_fsdp_wrap_modules", None)
-    model: torch.nn.Module = policy
-    if use_peft:
-        from lerobot_kit.core.model.peft import align_trainable_dtypes, base_path_of, wrap_policy
-
-        # Every rank wraps (meta ranks on meta), once, before sharding: the adapters shard with the base.
-        model = wrap_policy(policy, config.peft, base_path_of(str(config.policy.path)))
-        align_trainable_dtypes(model, config, dims, declared)
+    model = build_model(spec, meta, torch.device("meta") if on_meta else torch.device("cpu"))  # type: ignore[arg-type]
     full_state = model.state_dict() if dims.sharded and ctx.is_main else {}
     mesh = dims.build_mesh(ctx.device.type)
-    parallel = parallelize(model, dims, mesh, config.accelerator, declared, ctx.device)
+    parallel = parallelize(model, dims, mesh, spec.config.accelerator, declared_wrap_modules(model), ctx.device)
     if dims.sharded:
         if on_meta:
             parallel.to_empty()
@@ -252,14 +159,8 @@ def _build_parallel_policy(
     return parallel
 
 
-def _dp_rank(ctx: DistContext, dims: ParallelDims) -> int:
-    """Data-parallel workers are all ranks in these layouts: the global rank is the dp rank."""
-    return ctx.rank
-
-
-def _check_data_position(
-    saved: dict[str, object], config: TrainConfig, dims: ParallelDims, position: DataPosition
-) -> DataPosition:
+def _warn_if_not_sample_exact(saved: dict[str, object], spec: RunSpec) -> None:
+    config, dims = spec.config, spec.dims
     same = saved.get("dp_world_size") == dims.dp_world_size and saved.get("batch_size") == config.batch_size
     if not same:
         logger.warning(
@@ -268,4 +169,3 @@ def _check_data_position(
             f"this run has dp_world_size={dims.dp_world_size} batch_size={config.batch_size}, so each worker's "
             "micro-batches differ from the uninterrupted run"
         )
-    return position

@@ -15,10 +15,9 @@ import io
 import logging
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Protocol
 
-from lerobot_kit.core.config.schema import TrainConfig
+from lerobot_kit.core.run.spec import RunSpec
 from lerobot_kit.core.distributed.process_group import DistContext, broadcast_object
 from lerobot_kit.core.errors import ConfigError
 
@@ -49,21 +48,22 @@ class TrackioTracker:
         self._trackio = trackio
 
     @classmethod
-    def start(cls, config: TrainConfig, output_dir: Path) -> TrackioTracker:
+    def start(cls, spec: RunSpec) -> TrackioTracker:
         """Create the trackio run, with the whole config attached (trackio stores it once,
         with the run's first metrics). Raises ConfigError when trackio is missing or refuses."""
         trackio = _import_trackio()
+        config = spec.config
         project = config.trackio.project
-        name = config.job_name or Path(output_dir).name
+        name = config.job_name or spec.output_dir.name
         try:
             # trackio prints a banner of its own on stdout; one log line below says the same.
             with _hub_offline_unless_remote(), contextlib.redirect_stdout(io.StringIO()):
                 trackio.init(
                     project=project,
                     name=name,
-                    config=config.to_json_dict(),
+                    config=spec.recorded_config(),
                     # A resumed training run continues its trackio run instead of starting a twin.
-                    resume="allow" if config.resume else "never",
+                    resume="allow" if spec.resuming else "never",
                     embed=False,
                 )
         except Exception as exc:  # trackio validates names and opens its database here
@@ -84,19 +84,19 @@ class TrackioTracker:
             self._trackio.finish()
 
 
-def make_tracker(config: TrainConfig, ctx: DistContext, output_dir: Path) -> Tracker:
+def make_tracker(spec: RunSpec, ctx: DistContext) -> Tracker:
     """A trackio tracker on the main process when enabled, else a no-op one.
 
     Collective when enabled: every rank raises the main process's ConfigError, so a
     refused start ends the whole job at once instead of leaving peers in a collective.
     """
-    if not config.trackio.enable:
+    if not spec.config.trackio.enable:
         return NullTracker()
     tracker: Tracker = NullTracker()
     failure: ConfigError | None = None
     if ctx.is_main:
         try:
-            tracker = TrackioTracker.start(config, output_dir)
+            tracker = TrackioTracker.start(spec)
         except ConfigError as exc:
             failure = exc
     failure = broadcast_object(ctx, failure)

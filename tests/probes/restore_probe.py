@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from lerobot_kit.core.checkpoint.training_state import save_full_optimizer
 from lerobot_kit.core.distributed.process_group import init_distributed, shutdown
-from lerobot_kit.core.config.flags import CONFIG_PATH_FLAG, flags_to_dict, parse_train_config
+from lerobot_kit.core.config.flags import parse_train_config
 from lerobot_kit.core.run.prepare import prepare_run, setup_logging
 from lerobot_kit.core.run.tracking import NullTracker
 from lerobot_kit.core.run.trainer import Trainer
@@ -27,7 +27,7 @@ def main() -> None:
     config = parse_train_config(args)
     ctx = init_distributed(120)
     setup_logging(ctx.is_main)
-    prepared = prepare_run(config, flags_to_dict(args).get(CONFIG_PATH_FLAG), ctx)
+    prepared = prepare_run(config, ctx)
     run = prepared.run
     sharded = run.dims.sharded
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)

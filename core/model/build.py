@@ -1,0 +1,54 @@
+"""Model assembly: the policy a run trains, before any parallelism is applied.
+
+One function for ``lerobot train`` and ``lerobot plan``: the policy from its config and
+the dataset's features, its pretrained weights, its PEFT adapters and their dtypes. The
+plan builds on the meta device and so sees exactly the modules, parameter shapes and
+trainable flags the run will shard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lerobot_kit.core.data.dataset import DatasetMeta
+from lerobot_kit.core.run.spec import RunSpec
+
+
+def build_model(spec: RunSpec, meta: DatasetMeta, device: torch.device) -> nn.Module:
+    """The policy of ``spec`` on ``device`` (``meta``: shapes only, no storage, no weights read).
+
+    Seeded with ``--seed`` first, so every process that materialises the model draws the
+    same initial weights as a one-process run. A resumed full-training run skips
+    ``--policy.path``: its checkpoint replaces every weight. A PEFT run always loads the
+    base (its checkpoints hold only the adapter) and wraps it here, on every rank alike,
+    so FSDP later shards the frozen base and the adapters together.
+    """
+    from lerobot_kit.core.model.policy import load_pretrained_weights, make_policy
+
+    config = spec.config
+    on_meta = device.type == "meta"
+    torch.manual_seed(config.seed)
+    with torch.device("meta") if on_meta else contextlib.nullcontext():
+        policy = make_policy(config.policy, meta)
+    if config.policy.path and (spec.use_peft or not spec.resuming) and not on_meta:
+        load_pretrained_weights(policy, Path(config.policy.path))
+    if not spec.use_peft:
+        return policy
+    from lerobot_kit.core.model.peft import align_trainable_dtypes, wrap_policy
+
+    assert spec.peft_base is not None
+    model = wrap_policy(policy, config.peft, spec.peft_base)
+    align_trainable_dtypes(model, config, spec.dims, declared_wrap_modules(model))
+    return model
+
+
+def declared_wrap_modules(model: nn.Module) -> list[str] | None:
+    """The FSDP wrap units the policy class declares (``_fsdp_wrap_modules``), through a PEFT wrapper."""
+    from lerobot_kit.core.model.policy import Policy
+
+    policy = next((m for m in model.modules() if isinstance(m, Policy)), model)
+    return getattr(type(policy), "_fsdp_wrap_modules", None)

@@ -1,0 +1,128 @@
+"""The run spec: every decision about a run taken once, before anything is built.
+
+A validated ``TrainConfig`` says what the user asked for; the spec adds what follows
+from it and from the launched processes — the parallel degrees, the output folder and
+the checkpoint to resume from, the PEFT base, the checkpoint format — and checks every
+rule that spans several fields. ``lerobot train`` and ``lerobot plan`` both start from
+``resolve_run``, so a plan refuses exactly what the run would refuse, and nothing after
+this point changes the config: what differs from the flags (the chosen output folder,
+the absolute PEFT base) lives in the spec, and ``recorded_config`` folds it back into
+the config a checkpoint records.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lerobot_kit.core.checkpoint import paths
+from lerobot_kit.core.config.schema import TrainConfig
+from lerobot_kit.core.errors import CheckpointError, ConfigError
+from lerobot_kit.core.parallel.dims import ParallelDims
+
+DEFAULT_OUTPUT_ROOT = Path("outputs/train")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    config: TrainConfig  # as validated; never changed afterwards
+    dims: ParallelDims
+    output_dir: Path
+    resume_from: Path | None  # the step folder a resumed run restores, else None
+    peft_base: Path | None  # the absolute pretrained_model/ an adapter trains on, else None
+
+    @property
+    def resuming(self) -> bool:
+        return self.resume_from is not None
+
+    @property
+    def use_peft(self) -> bool:
+        return self.peft_base is not None
+
+    def recorded_config(self) -> dict[str, Any]:
+        """``train_config.json``: the config with the decisions a reload must reproduce.
+
+        The output folder is the one chosen (a default one carries a timestamp), and a
+        PEFT run names its base by absolute path, so resuming through ``checkpoints/last``
+        reloads the very base the adapter was trained on even after ``last`` moved on.
+        """
+        recorded = self.config.to_json_dict()
+        recorded["output_dir"] = str(self.output_dir)
+        recorded["resume"] = self.resuming
+        if self.peft_base is not None:
+            recorded["policy"]["path"] = str(self.peft_base)
+        return recorded
+
+
+def resolve_run(config: TrainConfig, world_size: int) -> RunSpec:
+    """The spec of ``config`` on ``world_size`` processes; one ``ConfigError`` or
+    ``CheckpointError`` line for the first rule broken. Reads the disk and the clock, so
+    in a multi-process run one process calls it and shares the result."""
+    dims = ParallelDims.resolve(config.parallelism, world_size)
+    _check_save_schedule(config)
+    peft_base = _peft_base(config)
+    output_dir, resume_from = _output_and_resume(config)
+    return RunSpec(config, dims, output_dir, resume_from, peft_base)
+
+
+def _check_save_schedule(config: TrainConfig) -> None:
+    accumulation = config.accelerator.gradient_accumulation.steps
+    if config.save_checkpoint and config.save_freq % accumulation:
+        raise ConfigError(
+            f"--save_freq={config.save_freq} must be a multiple of --accelerator.gradient_accumulation.steps="
+            f"{accumulation}, so that checkpoints fall between optimizer updates"
+        )
+
+
+def _peft_base(config: TrainConfig) -> Path | None:
+    if config.peft.method_type is None:
+        return None
+    from lerobot_kit.core.model.peft import base_path_of, check_request
+
+    check_request(config)
+    assert config.policy.path is not None  # check_request refuses a PEFT run without one
+    return base_path_of(config.policy.path)
+
+
+def _output_and_resume(config: TrainConfig) -> tuple[Path, Path | None]:
+    """Where the run writes, and the step folder it resumes from; refuses to overwrite a run."""
+    if config.resume:
+        step_dir = _step_dir_of(config.config_path)
+        if step_dir is None:
+            if config.output_dir is None:
+                raise ConfigError(
+                    "--resume=true needs a run to resume: pass --config_path=<output_dir>/checkpoints/last/"
+                    "pretrained_model/train_config.json (or --output_dir of the run)"
+                )
+            step_dir = paths.last_checkpoint(Path(config.output_dir))
+            if step_dir is None:
+                raise CheckpointError(
+                    f"--resume=true: {config.output_dir} has no checkpoint to resume ({paths.CHECKPOINTS_DIR}/"
+                    f"{paths.LAST_LINK} is missing); start a new run without --resume"
+                )
+        return step_dir.parent.parent, step_dir
+    if config.output_dir is None:
+        stamp = datetime.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+        job = config.job_name or f"{config.policy.type}_{config.dataset.type}"
+        output_dir = DEFAULT_OUTPUT_ROOT / f"{stamp}_{job}"
+    else:
+        output_dir = Path(config.output_dir)
+    if output_dir.exists() and any(output_dir.iterdir()):
+        raise ConfigError(
+            f"--output_dir={output_dir} already exists and is not empty; pass --resume=true to continue "
+            "that run, or choose another --output_dir (nothing was changed)"
+        )
+    return output_dir, None
+
+
+def _step_dir_of(config_path: str | None) -> Path | None:
+    """The step folder a ``.../checkpoints/NNNNNN/pretrained_model/train_config.json`` lives in."""
+    if not config_path:
+        return None
+    pretrained = Path(config_path).resolve().parent
+    if pretrained.name != paths.PRETRAINED_DIR:
+        return None
+    step_dir = pretrained.parent
+    return step_dir if (step_dir / paths.TRAINING_STATE_DIR).is_dir() else None
