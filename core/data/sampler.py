@@ -72,15 +72,20 @@ class ResumableBatchSampler(Sampler[list[int]]):
             offset += self.global_batch
         return DataPosition(epoch, offset, position.samples_seen + steps * self.global_batch)
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def batches(self) -> Iterator[tuple[int, list[int]]]:
+        """This worker's batches from ``start`` on, each with the epoch it belongs to."""
         epoch, offset = self.start.epoch, self.start.offset
         while True:
             order = epoch_permutation(self.num_samples, self.seed, epoch, self.shuffle)
             while offset + self.global_batch <= self.num_samples:
                 first = offset + self.dp_rank * self.batch_size
-                yield order[first : first + self.batch_size].tolist()
+                yield epoch, order[first : first + self.batch_size].tolist()
                 offset += self.global_batch
             epoch, offset = epoch + 1, 0
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for _, batch in self.batches():
+            yield batch
 
     def __len__(self) -> int:  # batches per epoch; the sampler itself never ends
         return self.num_samples // self.global_batch

@@ -99,11 +99,14 @@ class Trainer:
         result = TrainResult(steps_done=self.step)
         progress = Progress(config.steps, self.step, enabled=run.ctx.is_main)
         window: dict[str, torch.Tensor] = {}
-        window_steps, window_start, grad_norm = 0, time.perf_counter(), None
+        window_steps, window_start, grad_norm, data_wait = 0, time.perf_counter(), None, 0.0
         run.parallel.module.train()
         while self.step < config.steps:
             sync = self._is_sync_step(self.step)
-            loss, logs, norm = self._train_step(next(self.batches), sync)
+            wait_start = time.perf_counter()
+            batch = next(self.batches)
+            data_wait += time.perf_counter() - wait_start  # time the step waited for its batch (data_s)
+            loss, logs, norm = self._train_step(batch, sync)
             grad_norm = norm if norm is not None else grad_norm
             self.step += 1
             self.position = self.sampler.advance(self.position, 1)
@@ -111,7 +114,8 @@ class Trainer:
                 window[key] = window[key] + value if key in window else value
             window_steps += 1
             if self.step % config.log_freq == 0 or self.step == config.steps:
-                means = all_reduce_mean(run.ctx, {k: v.item() / window_steps for k, v in window.items()})
+                local = {k: v.item() / window_steps for k, v in window.items()}
+                means = all_reduce_mean(run.ctx, {**local, "data_s": data_wait / window_steps})
                 elapsed = time.perf_counter() - window_start
                 means["samples_per_s"] = window_steps * self.global_batch / elapsed if elapsed > 0 else 0.0
                 means["lr"] = run.optimizer.param_groups[0]["lr"]
@@ -124,7 +128,7 @@ class Trainer:
                     self._log(means, progress)
                     self._append_metrics(means)
                     self.tracker.log(means, self.step)
-                window, window_steps, window_start = {}, 0, time.perf_counter()
+                window, window_steps, window_start, data_wait = {}, 0, time.perf_counter(), 0.0
             progress.update(self.step)
             self.saver.poll()
             if config.save_checkpoint and (self.step % config.save_freq == 0 or self.step == config.steps):
@@ -149,5 +153,6 @@ class Trainer:
         if "grad_norm" in means:
             parts.append(f"grad_norm {means['grad_norm']:.3f}")
         parts.append(f"samples/s {means['samples_per_s']:.1f}")
+        parts.append(f"data_s {means['data_s']:.3f}")
         parts.append(f"eta {progress.eta(int(means['step']))}")
         logger.info(" | ".join(parts))

@@ -1,0 +1,208 @@
+"""The batches a run trains on: sampler, DataLoader workers, augmentations, worker faults.
+
+``build_loader`` is the one place a run's data pipeline is assembled (``lerobot train``
+and the benchmarks call it):
+
+- Order: the sampler's (``core.data.sampler``), a pure function of ``(seed, epoch)``,
+  sliced per data-parallel rank; ``--dataset.sampler.type=episode_blocks`` decodes runs
+  of consecutive frames and mixes them through a bounded buffer (``core.data.blocks``).
+- Workers: ``--num_workers`` (default: automatic, ``cpus per rank - 1``, at most
+  ``MAX_AUTO_WORKERS``, so 0 on one core), persistent, ``PREFETCH_BATCHES`` batches
+  ahead each, pinned memory when training on CUDA.
+- Randomness: an item's augmentation draws come from a generator seeded by
+  ``(seed, epoch, sample index)`` — not from a worker's RNG — so the same sample gets
+  the same augmentation whichever worker serves it, and a resumed run, with workers or
+  without, sees exactly the items of the uninterrupted run. Each worker's global RNGs
+  (torch, numpy, random) are seeded from ``(seed, rank, epoch, worker)`` for anything a
+  dataset plugin draws on its own.
+- Faults: a ``LerobotError`` raised while a worker builds an item (a missing or corrupt
+  video, a timestamp the video lacks) travels to the main process as a value and is
+  raised there as itself — one line naming file, episode and time, instead of
+  DataLoader's wrapped worker traceback. A worker that dies or stalls past
+  ``--parallelism.timeout_s`` is reported the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, default_collate
+
+from lerobot_kit.core.config.schema import TrainConfig
+from lerobot_kit.core.data.dataset import PolicyDataset
+from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
+from lerobot_kit.core.errors import LerobotError
+
+MAX_AUTO_WORKERS = 4  # LeRobot's default; more rarely helps a single GPU's step
+PREFETCH_BATCHES = 2  # per worker
+
+Batch = dict[str, torch.Tensor]
+
+
+class DataError(LerobotError):
+    """A batch could not be built: bad data, or a DataLoader worker that died or stalled."""
+
+
+def sample_seed(*parts: int) -> int:
+    """A 63-bit seed mixed from integers (seed, epoch, index, ...); equal parts, equal seed."""
+    return int(np.random.SeedSequence([p & 0xFFFFFFFF for p in parts] + [p >> 32 for p in parts])
+               .generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def auto_num_workers(world_size: int, cpus: int | None = None) -> int:
+    """Workers per rank: every core but the rank's own, shared among the ranks on this node."""
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE")
+    ranks_here = int(local) if local and local.isdigit() else world_size
+    return max(0, min(MAX_AUTO_WORKERS, cpus // max(1, ranks_here) - 1))
+
+
+@dataclass(frozen=True)
+class _Fault:
+    """A ``LerobotError`` raised in a worker, carried to the main process as a batch."""
+
+    error_type: type[LerobotError]
+    message: str
+
+    def error(self) -> LerobotError:
+        try:
+            return self.error_type(self.message)
+        except Exception:  # noqa: BLE001 - a subclass with another constructor
+            return DataError(self.message)
+
+
+class TrainingItems:
+    """What DataLoader workers index: ``(epoch, frame)`` keys → augmented items.
+
+    ``__getitems__`` builds a whole micro-batch in one call (DataLoader uses it when
+    present), so a fault is caught once per batch and returned instead of raised.
+    """
+
+    def __init__(self, dataset: PolicyDataset, config: TrainConfig) -> None:
+        self.dataset = dataset
+        self.seed = config.seed
+        self.cameras = dataset.meta.image_keys()
+        transforms = config.dataset.image_transforms
+        self.augment = None
+        if transforms.enable and self.cameras:
+            from lerobot_kit.core.data.transforms import ImageAugmentation
+
+            self.augment = ImageAugmentation(transforms)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def item(self, epoch: int, index: int) -> Batch:
+        item = self.dataset[index]
+        if self.augment is not None:
+            generator = torch.Generator().manual_seed(sample_seed(self.seed, epoch, index))
+            for camera in self.cameras:
+                item[camera] = self.augment(item[camera], generator)
+        return item
+
+    def __getitem__(self, key: tuple[int, int]) -> Batch:
+        return self.item(*key)
+
+    def __getitems__(self, keys: list[tuple[int, int]]) -> list[Batch] | _Fault:
+        try:
+            return [self.item(epoch, index) for epoch, index in keys]
+        except LerobotError as exc:
+            return _Fault(type(exc), str(exc))
+
+
+def _collate(items: list[Batch] | _Fault) -> Batch | _Fault:
+    return items if isinstance(items, _Fault) else default_collate(items)
+
+
+def _seed_worker(worker_id: int, seed: int, rank: int, epoch: int) -> None:
+    worker_seed = sample_seed(seed, rank, epoch, worker_id)
+    torch.manual_seed(worker_seed)
+    np.random.seed(worker_seed % 2**32)
+    random.seed(worker_seed)
+
+
+class _KeyedBatches:
+    """The sampler's batches as ``(epoch, frame)`` keys, so workers know each sample's epoch."""
+
+    def __init__(self, sampler: ResumableBatchSampler) -> None:
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        for epoch, batch in self.sampler.batches():
+            yield [(epoch, index) for index in batch]
+
+
+class TrainingLoader:
+    """Endless iterable of micro-batches for one data-parallel rank; ``sampler`` tracks the position."""
+
+    def __init__(self, loader: DataLoader, sampler: ResumableBatchSampler, num_workers: int, timeout_s: float) -> None:
+        self.loader = loader
+        self.sampler = sampler
+        self.num_workers = num_workers
+        self.timeout_s = timeout_s
+
+    def __iter__(self) -> Iterator[Batch]:
+        batches = iter(self.loader)
+        while True:
+            try:
+                batch = next(batches)
+            except RuntimeError as exc:
+                raise self._worker_failure(exc) from exc
+            if isinstance(batch, _Fault):
+                raise batch.error()
+            yield batch
+
+    def _worker_failure(self, exc: RuntimeError) -> Exception:
+        text = str(exc)
+        if "DataLoader timed out" in text:
+            return DataError(
+                f"no batch from the DataLoader workers in {self.timeout_s:.0f} s (--parallelism.timeout_s); "
+                "a worker is stuck reading the dataset"
+            )
+        if "DataLoader worker" in text:
+            first = text.splitlines()[0]
+            return DataError(f"{first} Lower --num_workers if the machine ran out of memory")
+        return exc
+
+
+def build_loader(
+    dataset: PolicyDataset,
+    config: TrainConfig,
+    dp_world_size: int,
+    dp_rank: int,
+    start: DataPosition,
+    device: torch.device,
+) -> TrainingLoader:
+    """The rank's batches from ``start`` on, as ``config`` asks."""
+    workers = config.num_workers if config.num_workers is not None else auto_num_workers(dp_world_size)
+    sampler = ResumableBatchSampler(
+        len(dataset), config.batch_size, dp_world_size, dp_rank, config.seed, start=start
+    )
+    timeout = float(config.parallelism.timeout_s)
+    options: dict[str, Any] = {}
+    if workers:
+        options = {
+            "persistent_workers": True,
+            "prefetch_factor": PREFETCH_BATCHES,
+            "worker_init_fn": partial(_seed_worker, seed=config.seed, rank=dp_rank, epoch=start.epoch),
+            "timeout": timeout,
+        }
+    loader = DataLoader(
+        TrainingItems(dataset, config),  # type: ignore[arg-type]  # map-style: __len__/__getitem__
+        batch_sampler=_KeyedBatches(sampler),  # type: ignore[arg-type]
+        num_workers=workers,
+        collate_fn=_collate,
+        pin_memory=device.type == "cuda",
+        # A private generator: creating the iterator must not draw from the global RNG, or a
+        # resumed run's dropout would drift from the uninterrupted run's.
+        generator=torch.Generator().manual_seed(config.seed),
+        **options,
+    )
+    return TrainingLoader(loader, sampler, workers, timeout)
