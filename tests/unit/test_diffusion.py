@@ -3,6 +3,7 @@ queues, learning, save/load, in one process (FSDP2 through torchrun: integration
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -73,13 +74,16 @@ def test_schedule_levels_and_a_perfect_denoiser_recovers_the_chunk() -> None:
         torch.testing.assert_close(noisy[i], expected)
 
 
-def test_delta_indices_stack_state_history_and_the_action_horizon() -> None:
-    config, dataset, batch, _, _ = _setup(False)
-    assert config.delta_indices() == {"action": list(range(6)), STATE: [-1, 0]}
+def test_delta_indices_stack_state_and_camera_history_and_the_action_horizon() -> None:
+    config, dataset, batch, _, _ = _setup(True)
+    assert config.delta_indices() == {"action": list(range(6)), STATE: [-1, 0], "observation.images.*": [-1, 0]}
     assert batch[STATE].shape == (5, 2, 6) and batch["action"].shape == (5, 6, 2)
+    assert batch[IMAGE].shape == (5, 2, 3, 16, 16)
     first = dataset[0]  # an episode's first frame: the history repeats it and says so
-    assert first[f"{STATE}_is_pad"].tolist() == [True, False]
-    assert torch.equal(first[STATE][0], first[STATE][1])
+    for key in (STATE, IMAGE):
+        assert first[f"{key}_is_pad"].tolist() == [True, False]
+        assert torch.equal(first[key][0], first[key][1])
+    assert torch.equal(dataset[5][IMAGE][0], dataset[4][IMAGE][1])  # the previous frame's camera image
     assert DiffusionConfig(n_obs_steps=1).delta_indices() == {"action": list(range(16))}
 
 
@@ -226,6 +230,25 @@ def test_select_action_keeps_history_and_pops_a_queue_of_n_action_steps() -> Non
     torch.testing.assert_close(policy.select_action({STATE: states[0]}), expected[:, 0])
 
 
+def test_select_action_keeps_camera_history() -> None:
+    config, dataset, batch, _, _ = _setup(True)
+    torch.manual_seed(0)
+    policy = make_policy(config, dataset.meta)
+    frames = [{STATE: batch[STATE][:, 1], IMAGE: batch[IMAGE][:, 1]},
+              {STATE: batch[STATE][:, 0], IMAGE: batch[IMAGE][:, 0]}]
+    torch.manual_seed(1)
+    expected = policy.predict_action_chunk({k: torch.stack([frames[0][k]] * 2, dim=1) for k in (STATE, IMAGE)})
+    torch.manual_seed(1)
+    torch.testing.assert_close(policy.select_action(frames[0]), expected[:, 0])
+    for _ in range(1, config.n_action_steps):
+        policy.select_action(frames[0])
+    torch.manual_seed(2)
+    following = policy.predict_action_chunk({k: torch.stack([frames[0][k], frames[1][k]], dim=1)
+                                             for k in (STATE, IMAGE)})
+    torch.manual_seed(2)
+    torch.testing.assert_close(policy.select_action(frames[1]), following[:, 0])
+
+
 def test_ddpm_sampler_gives_chunks_in_range() -> None:
     config, dataset, batch, _, _ = _setup(False, sampler="ddpm")
     torch.manual_seed(0)
@@ -240,8 +263,8 @@ def test_wrongly_shaped_observations_are_named() -> None:
     policy = make_policy(config, dataset.meta)
     with pytest.raises(ValueError, match=r"n_obs_steps=2 expects 'observation.state' as \[B, 2, 6\]"):
         policy.predict_action_chunk(dict(_observation(batch), **{STATE: batch[STATE][:, 0]}))
-    with pytest.raises(ValueError, match=r"\[B,3,H,W\] \(the current frame\)"):
-        policy.predict_action_chunk(dict(_observation(batch), **{IMAGE: batch[IMAGE][:, None]}))
+    with pytest.raises(ValueError, match=r"n_obs_steps=2 expects 'observation.images.top' as \[B,2,3,H,W\]"):
+        policy.predict_action_chunk(dict(_observation(batch), **{IMAGE: batch[IMAGE][:, 0]}))
 
 
 def test_config_rejects_inconsistent_shapes() -> None:
@@ -322,7 +345,7 @@ def test_save_load_round_trip_is_bitwise_and_acts_the_same(tmp_path: Path) -> No
     for key, tensor in policy.state_dict().items():
         assert torch.equal(tensor, loaded.state_dict()[key]), key
 
-    raw = [{STATE: dataset[i][STATE][-1][None], IMAGE: dataset[i][IMAGE][None]} for i in range(5)]
+    raw = [{STATE: dataset[i][STATE][-1][None], IMAGE: dataset[i][IMAGE][-1][None]} for i in range(5)]
 
     def rollout(p, pr, po) -> list[torch.Tensor]:
         p.reset()

@@ -10,12 +10,12 @@ Frame offsets (``delta_indices``):
   the first ``n_action_steps`` of it are executed as they are. (LeRobot's variant also
   denoises the ``n_obs_steps - 1`` past actions; those are already known at inference,
   so they cost tokens without changing what is executed.)
-* ``observation.state``: ``[-(n_obs_steps-1) .. 0]`` when ``n_obs_steps > 1`` (frames
-  before an episode's start repeat its first frame, as the inference queue does after
-  ``reset``). With ``n_obs_steps = 1`` nothing is requested, so a dataset without a
-  state vector still works.
-* Images: only the current frame. ``delta_indices()`` is asked before the dataset exists
-  and cannot name its cameras, so image history cannot be requested.
+* ``observation.state`` and every camera: ``[-(n_obs_steps-1) .. 0]`` when
+  ``n_obs_steps > 1`` (frames before an episode's start repeat its first frame, as the
+  inference queue does after ``reset``), as LeRobot's diffusion conditions on both.
+  ``delta_indices()`` is asked before the dataset exists, so the cameras are named by
+  the wildcard ``observation.images.*``, which the dataset expands to its cameras. With
+  ``n_obs_steps = 1`` nothing is requested, so a dataset without a state vector works.
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ from lerobot_kit.core.config.schema import PolicyConfig
 
 STATE_KEY = "observation.state"  # core.dataset.STATE_KEY, repeated: that module pulls numpy into --help
 ACTION_KEY = "action"
+ALL_CAMERAS = "observation.images.*"  # core.data.windows.ALL_CAMERAS, repeated for the same reason
 
 
 class DiffusionConfig(PolicyConfig):
     type: str = Field("diffusion", description="Policy type, from the plugin registry (`lerobot plugins`).")
     n_obs_steps: int = Field(
-        2, ge=1, description="Frames of observation.state history the denoiser is conditioned on (current included)."
+        2, ge=1, description="Frames of state and camera history the denoiser is conditioned on (current included)."
     )
     horizon: int = Field(16, ge=1, description="Actions denoised per chunk, starting at the current frame.")
     n_action_steps: int = Field(8, ge=1, description="Actions executed from each chunk before sampling again.")
@@ -85,4 +86,5 @@ class DiffusionConfig(PolicyConfig):
         offsets = {ACTION_KEY: list(range(self.horizon))}
         if self.n_obs_steps > 1:
             offsets[STATE_KEY] = list(range(1 - self.n_obs_steps, 1))
+            offsets[ALL_CAMERAS] = list(range(1 - self.n_obs_steps, 1))
         return offsets

@@ -5,10 +5,10 @@ Training: a clean action chunk is noised to a random DDPM level ``t`` (squaredco
 betas) and the denoiser predicts the noise (``prediction_type=epsilon``, the paper's
 choice) or the clean chunk (``sample``); loss = MSE, masked by ``action_is_pad`` unless
 ``mask_padded_actions`` is off. The denoiser reads one token per noisy action and cross-attends to
-conditioning tokens [timestep, state per history frame, one keypoint vector per
-camera]. Inference: start from Gaussian noise and take ``num_inference_steps`` DDIM (or
-DDPM) steps; the chunk is executed ``n_action_steps`` at a time from a queue, while an
-observation queue keeps the last ``n_obs_steps`` states.
+conditioning tokens [timestep, state per history frame, one keypoint vector per camera
+and history frame]. Inference: start from Gaussian noise and take ``num_inference_steps``
+DDIM (or DDPM) steps; the chunk is executed ``n_action_steps`` at a time from a queue,
+while an observation queue keeps the last ``n_obs_steps`` states and camera frames.
 
 FSDP2: the wrap unit is ``DiffusionTransformerBlock``; the observation encoders, the
 timestep MLP and the embeddings stay in the root unit. No parameter is shared between
@@ -198,8 +198,8 @@ class DiffusionPolicy(Policy):
         self.state_proj = nn.Linear(self.state_dim, dim) if self.state_dim else None
         self.image_encoder = ImageEncoder(config.image_keypoints, dim) if self.image_keys else None
         self.time_mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.Mish(), nn.Linear(4 * dim, dim))
-        # Conditioning tokens: [timestep, state x n_obs_steps?, camera x n_cameras].
-        n_cond = 1 + (config.n_obs_steps if self.state_dim else 0) + len(self.image_keys)
+        # Conditioning tokens: [timestep, state x n_obs_steps?, (camera x n_obs_steps) x n_cameras].
+        n_cond = 1 + config.n_obs_steps * ((1 if self.state_dim else 0) + len(self.image_keys))
         self.cond_pos = nn.Parameter(torch.empty(n_cond, dim))
         self.cond_encoder = nn.Sequential(nn.Linear(dim, 4 * dim), nn.Mish(), nn.Linear(4 * dim, dim))
         # Unit-scale memory for the blocks' key/value projections: with the small init, an
@@ -211,7 +211,7 @@ class DiffusionPolicy(Policy):
         self.blocks = nn.ModuleList(DiffusionTransformerBlock(config) for _ in range(config.n_layers))
         self.final_norm = nn.LayerNorm(dim)
         self.action_head = nn.Linear(dim, self.action_dim)
-        self._obs_queue: deque[Tensor] = deque(maxlen=config.n_obs_steps)
+        self._obs_queue: deque[dict[str, Tensor]] = deque(maxlen=config.n_obs_steps)
         self._action_queue: deque[Tensor] = deque(maxlen=config.n_action_steps)
         self._init_from_entry_rng(entry_rng)
 
@@ -269,17 +269,19 @@ class DiffusionPolicy(Policy):
     def select_action(self, batch: dict[str, Tensor]) -> Tensor:
         """Next action for a single-frame observation batch (state [B, D], images [B,3,H,W]).
 
-        Every call enters the state history; a chunk is sampled only when the queue of
-        ``n_action_steps`` actions is empty. After ``reset`` the history starts as copies
-        of the first observation, as training pads frames before an episode's start.
+        Every call enters the state and camera history; a chunk is sampled only when the
+        queue of ``n_action_steps`` actions is empty. After ``reset`` the history starts as
+        copies of the first observation, as training pads frames before an episode's start.
         """
         observation = dict(batch)
-        if self.state_dim:
-            state = batch[STATE_KEY]
+        keys = ([STATE_KEY] if self.state_dim else []) + (self.image_keys if self.config.n_obs_steps > 1 else [])
+        if keys:
+            frame = {key: batch[key] for key in keys}
             if not self._obs_queue:
-                self._obs_queue.extend([state] * (self.config.n_obs_steps - 1))
-            self._obs_queue.append(state)
-            observation[STATE_KEY] = torch.stack(list(self._obs_queue), dim=1)
+                self._obs_queue.extend([frame] * (self.config.n_obs_steps - 1))
+            self._obs_queue.append(frame)
+            for key in keys:
+                observation[key] = torch.stack([f[key] for f in self._obs_queue], dim=1)
         return self._next_from_queue(observation)
 
     def reset(self) -> None:
@@ -287,19 +289,29 @@ class DiffusionPolicy(Policy):
         self._action_queue.clear()
 
     def _encode_observations(self, batch: dict[str, Tensor]) -> Tensor:
-        """[B, n_obs_tokens, dim]: one token per state frame, one per camera (current frame)."""
+        """[B, n_obs_tokens, dim]: one token per state frame, one per camera and frame."""
         tokens = []
         if self.state_proj is not None:
             tokens.append(self.state_proj(self._state_history(batch[STATE_KEY])))
         if self.image_encoder is not None:
             for key in self.image_keys:
-                images = batch[key]
-                if images.dim() != 4:
-                    raise ValueError(
-                        f"diffusion expects {key!r} as [B,3,H,W] (the current frame), got {tuple(images.shape)}"
-                    )
-                tokens.append(self.image_encoder(images)[:, None])
+                images = self._image_history(key, batch[key])
+                encoded = self.image_encoder(images.flatten(0, 1))
+                tokens.append(encoded.unflatten(0, images.shape[:2]))
         return torch.cat([t.to(tokens[0].dtype) for t in tokens], dim=1)
+
+    def _image_history(self, key: str, images: Tensor) -> Tensor:
+        """[B, n_obs_steps, 3, H, W] (with one step, [B, 3, H, W] is accepted too)."""
+        steps = self.config.n_obs_steps
+        if images.dim() == 4 and steps == 1:
+            return images[:, None]
+        if images.dim() != 5 or images.shape[1] != steps:
+            shape = "[B,3,H,W] or [B,1,3,H,W]" if steps == 1 else f"[B,{steps},3,H,W]"
+            raise ValueError(
+                f"diffusion with n_obs_steps={steps} expects {key!r} as {shape} (the dataset stacks it from "
+                f"delta_indices), got {tuple(images.shape)}"
+            )
+        return images
 
     def _state_history(self, state: Tensor) -> Tensor:
         steps = self.config.n_obs_steps
