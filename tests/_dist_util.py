@@ -35,9 +35,23 @@ def clean_env(workdir: Path) -> dict[str, str]:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port no other process will be handed for about a minute.
+
+    Binding port 0 and closing would free the port at once, so another test's ``bind(0)``
+    could take it before our child binds it. Instead the port is left in TIME_WAIT (a
+    connection is made to it and the server side closes first): the kernel then gives it
+    to no ``bind(0)`` and no plain ``bind``, while the child's listener, which sets
+    SO_REUSEADDR as torch's TCPStore and rendezvous servers do, can still bind it.
+    """
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)):
+            accepted, _ = server.accept()
+            accepted.close()
+    return port
 
 
 @dataclass

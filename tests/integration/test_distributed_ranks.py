@@ -21,7 +21,7 @@ BIN = Path(sys.executable).parent
 def test_torchrun_starts_two_ranks(tmp_path: Path) -> None:
     torchrun = BIN / "torchrun"
     proc = subprocess.run(
-        [str(torchrun), "--nproc-per-node=2", f"--master-port={free_port()}", DIST_UTIL, "probe", str(tmp_path)],
+        [str(torchrun), "--standalone", "--nproc-per-node=2", DIST_UTIL, "probe", str(tmp_path)],
         capture_output=True, text=True, timeout=80, env=clean_env(tmp_path),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
-from conftest import run_cli
+from _dist_util import free_port
+from conftest import TINY_ACT, launch_env, run_cli, script
 from lerobot_kit.core.registry import hookspecs
 from plugin_dists import env_with, make_distribution
 
@@ -52,6 +54,63 @@ def test_every_hook_is_registered_by_a_third_party_plugin_and_listed(tmp_path):
                      "launcher": "tinylauncher"}
     assert set(kinds) == set(hookspecs.HOOK_KINDS.values())
     assert rows["act"]["builtin"] is True
+
+
+# A launcher of a third-party scheduler that exports its own variables, not torch's.
+LAUNCHER_MODULE = '''
+from typing import Callable
+from lerobot_kit.api import LaunchEnv, Launcher, env_int
+from lerobot_kit.core.registry.hookspecs import hookimpl
+
+class TinyLauncher(Launcher):
+    name = "tinylauncher"
+    priority = 5
+
+    @classmethod
+    def detect(cls, env):
+        return "TINY_TASK_ID" in env
+
+    @classmethod
+    def read(cls, env):
+        host, port = env["TINY_RENDEZVOUS"].split(":")
+        rank = env_int(env, "TINY_TASK_ID")
+        return LaunchEnv(rank=rank, local_rank=rank, world_size=env_int(env, "TINY_NUM_TASKS"),
+                         master_addr=host, master_port=int(port))
+
+@hookimpl
+def lerobot_register_launchers(register: Callable) -> None:
+    register("tinylauncher", TinyLauncher)
+'''
+
+
+def test_a_third_party_launcher_starts_a_two_process_run(tmp_path):
+    """Two `lerobot train` processes that only the plugin's variables describe: the plugin
+    recognises them, and they form one two-rank FSDP job."""
+    site = make_distribution(tmp_path / "site", "tinylaunch", LAUNCHER_MODULE)
+    out = tmp_path / "run"
+    rendezvous = f"127.0.0.1:{free_port()}"
+    env = {**launch_env(tmp_path), **env_with(site), "TINY_NUM_TASKS": "2", "TINY_RENDEZVOUS": rendezvous}
+    train = [script("lerobot"), "train", f"--output_dir={out}", *TINY_ACT, "--parallelism.dp_shard=2",
+             "--steps=2", "--save_freq=2"]
+    logs = [tmp_path / f"task{rank}.log" for rank in (0, 1)]
+    procs = []
+    for rank, log in enumerate(logs):
+        with log.open("w") as handle:
+            procs.append(subprocess.Popen(train, stdout=handle, stderr=subprocess.STDOUT, cwd=tmp_path,
+                                          env={**env, "TINY_TASK_ID": str(rank)}))
+    try:
+        for proc in procs:
+            proc.wait(timeout=180)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    outputs = [log.read_text() for log in logs]
+    assert [p.returncode for p in procs] == [0, 0], [text[-2000:] for text in outputs]
+    assert "layout fsdp | world 2 (dp_replicate 1 × dp_shard 2) | launcher tinylauncher" in outputs[0]
+    step = json.loads((out / "checkpoints/last/training_state/training_step.json").read_text())
+    assert step["topology"]["world_size"] == 2
 
 
 def test_plugin_config_fields_are_validated_and_listed_in_help(tmp_path):
