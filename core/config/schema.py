@@ -58,6 +58,8 @@ class ParallelismConfig(Section):
     dp_shard: int | None = Field(
         None, description="Ranks each model is sharded over (FSDP2); -1 = all launched processes / dp_replicate."
     )
+    cp: int = Field(1, ge=1, description="Context-parallel degree (mesh axis 'cp'); only 1 is supported yet.")
+    tp: int = Field(1, ge=1, description="Tensor-parallel degree (mesh axis 'tp'); only 1 is supported yet.")
     timeout_s: int = Field(600, ge=1, description="Collective timeout in seconds; a hung rank fails the run after it.")
 
 
@@ -97,6 +99,10 @@ class AcceleratorConfig(Section):
     mixed_precision: Literal["no", "bf16", "fp16"] = Field("no", description="Autocast precision; fp16 adds a loss scaler.")
     gradient_accumulation: GradientAccumulationConfig = Field(default_factory=GradientAccumulationConfig)
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
+    activation_checkpointing: bool = Field(
+        False, description="Recompute each wrap unit's activations in backward instead of keeping them (any layout)."
+    )
+    compile: bool = Field(False, description="torch.compile each wrap unit (after activation checkpointing, before FSDP).")
 
 
 class PeftConfig(Section):

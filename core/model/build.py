@@ -9,17 +9,26 @@ trainable flags the run will shard.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from lerobot_kit.core.data.dataset import DatasetMeta
+from lerobot_kit.core.parallel.wrap_units import WrapUnits, resolve_wrap_units
 from lerobot_kit.core.run.spec import RunSpec
 
 
-def build_model(spec: RunSpec, meta: DatasetMeta, device: torch.device) -> nn.Module:
-    """The policy of ``spec`` on ``device`` (``meta``: shapes only, no storage, no weights read).
+@dataclass(frozen=True)
+class BuiltModel:
+    model: nn.Module
+    wrap: WrapUnits  # resolved here, once: the dtype check, the parallelize pipeline and the plan read it
+
+
+def build_model(spec: RunSpec, meta: DatasetMeta, device: torch.device) -> BuiltModel:
+    """The policy of ``spec`` on ``device`` (``meta``: shapes only, no storage, no weights read),
+    and its wrap units for the run's layout and flags.
 
     Seeded with ``--seed`` first, so every process that materialises the model draws the
     same initial weights as a one-process run. A resumed full-training run skips
@@ -37,13 +46,14 @@ def build_model(spec: RunSpec, meta: DatasetMeta, device: torch.device) -> nn.Mo
     if config.policy.path and (spec.use_peft or not spec.resuming) and not on_meta:
         load_pretrained_weights(policy, Path(config.policy.path))
     if not spec.use_peft:
-        return policy
+        return BuiltModel(policy, resolve_wrap_units(policy, spec.dims, config.accelerator, declared_wrap_modules(policy)))
     from lerobot_kit.core.model.peft import align_trainable_dtypes, wrap_policy
 
     assert spec.peft_base is not None
     model = wrap_policy(policy, config.peft, spec.peft_base)
-    align_trainable_dtypes(model, config, spec.dims, declared_wrap_modules(model))
-    return model
+    wrap = resolve_wrap_units(model, spec.dims, config.accelerator, declared_wrap_modules(model))
+    align_trainable_dtypes(model, config, spec.dims, wrap)
+    return BuiltModel(model, wrap)
 
 
 def declared_wrap_modules(model: nn.Module) -> list[str] | None:

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from lerobot_kit.core.model.policy import Policy
     from lerobot_kit.core.model.processor import PolicyProcessor
     from lerobot_kit.core.parallel.dims import ParallelDims
+    from lerobot_kit.core.parallel.wrap_units import WrapUnits
 
 INSTALL_HINT = "pip install 'lerobot-kit[peft]'"
 ADAPTER_NAME = "default"  # peft's default; saved keys never contain it
@@ -161,7 +162,7 @@ def _check_matches(policy: nn.Module, pattern: list[str] | str, flag: str) -> No
         )
 
 
-def align_trainable_dtypes(model: nn.Module, config: TrainConfig, dims: ParallelDims, declared: list[str] | None) -> None:
+def align_trainable_dtypes(model: nn.Module, config: TrainConfig, dims: ParallelDims, wrap: WrapUnits) -> None:
     """FSDP2 needs one dtype among each unit's trainable parameters.
 
     Under mixed precision every trainable parameter becomes fp32 (autocast computes in
@@ -177,13 +178,11 @@ def align_trainable_dtypes(model: nn.Module, config: TrainConfig, dims: Parallel
         return
     if not dims.sharded:
         return
-    from lerobot_kit.core.parallel.parallelize import effective_wrap_units, unit_of
-
-    units, _, _, ignored = effective_wrap_units(model, config.accelerator.fsdp, declared)
+    ignored = set(wrap.ignored_params(model))
     by_unit: dict[str, dict[torch.dtype, list[str]]] = {}
     for name, param in trainable:
         if param not in ignored:
-            by_unit.setdefault(unit_of(name, units), {}).setdefault(param.dtype, []).append(name)
+            by_unit.setdefault(wrap.unit_of(name), {}).setdefault(param.dtype, []).append(name)
     for unit, dtypes in by_unit.items():
         if len(dtypes) > 1:
             listed = "; ".join(

@@ -24,6 +24,8 @@ from typing import Any
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from lerobot_kit.core.parallel.wrap_units import outermost
+
 
 def _checkpointed(inner: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return checkpoint(inner, *args, use_reentrant=False, **kwargs)
@@ -41,8 +43,7 @@ def apply_activation_checkpointing(model: nn.Module, unit_paths: list[str]) -> N
     keeps none of its activations, and a second level would only recompute it twice.
     Applying it again to an already checkpointed unit is refused for the same reason.
     """
-    outermost = [p for p in unit_paths if not any(p.startswith(q + ".") for q in unit_paths if q)]
-    for path in dict.fromkeys(outermost):
+    for path in outermost(unit_paths):
         module = model.get_submodule(path)
         if is_checkpointed(module):
             raise ValueError(f"module {path!r} is already activation-checkpointed")

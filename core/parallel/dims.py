@@ -1,11 +1,16 @@
-"""Data-parallel degrees: what the user declared, resolved against the launched world.
+"""Parallel degrees: what the user declared, resolved against the launched world.
 
 The declared degrees (``--parallelism.dp_replicate/dp_shard``, possibly unset or ``-1``)
 stay in ``train_config.json`` so a resume on another world size re-resolves them; the
 resolved ``ParallelDims`` go to ``training_step.json`` (``to_json``). This module is
 torch-free except ``build_mesh``, so planning and config code can use it without torch.
 
-Layouts (SPEC S3): ``R`` = dp_replicate, ``S`` = dp_shard, ``R × S`` = world size.
+The mesh has named axes, outermost first: ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``
+(ranks laid out row-major, as ``init_device_mesh`` does). Context and tensor parallelism
+are axes of degree 1 for now: they are validated and refused above 1, so that the
+data-parallel rank and world size are already read from the axes they will come from.
+
+Layouts: ``R`` = dp_replicate, ``S`` = dp_shard, ``R × S`` = world size.
 
 - single: one process, no wrapper.
 - ddp: ``S == 1`` — every process holds a full replica (the default of a launch).
@@ -25,8 +30,10 @@ from lerobot_kit.core.errors import ConfigError
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
+MESH_AXES = ("dp_replicate", "dp_shard", "cp", "tp")  # outermost first
 MESH_DIMS_HSDP = ("dp_replicate", "dp_shard")
 MESH_DIMS_FSDP = ("dp_shard",)
+_NOT_YET = {"cp": "context parallelism", "tp": "tensor parallelism"}
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,8 @@ class ParallelDims:
     dp_replicate: int
     dp_shard: int
     world_size: int
+    cp: int = 1
+    tp: int = 1
 
     @classmethod
     def resolve(cls, declared: ParallelismConfig, world_size: int) -> ParallelDims:
@@ -44,6 +53,13 @@ class ParallelDims:
         """
         if world_size < 1:
             raise ConfigError(f"world size must be at least 1, got {world_size}")
+        for axis, what in _NOT_YET.items():
+            degree = getattr(declared, axis)
+            if degree != 1:
+                raise ConfigError(
+                    f"--parallelism.{axis}={degree}: {what} is not supported yet, its degree must be 1 "
+                    "(only data parallelism: dp_replicate and dp_shard)"
+                )
         replicate, shard = declared.dp_replicate, declared.dp_shard
         if replicate is not None and replicate < 1:
             raise ConfigError(
@@ -92,13 +108,27 @@ class ParallelDims:
     def dp_world_size(self) -> int:
         return self.dp_replicate * self.dp_shard
 
+    def degrees(self) -> dict[str, int]:
+        """Every mesh axis and its degree, outermost first."""
+        return {"dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "cp": self.cp, "tp": self.tp}
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """Where global ``rank`` sits on each named axis: row-major, as ``init_device_mesh`` lays ranks out."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} is outside a world of {self.world_size}")
+        coords: dict[str, int] = {}
+        for axis, degree in reversed(self.degrees().items()):
+            rank, coords[axis] = divmod(rank, degree)
+        return {axis: coords[axis] for axis in MESH_AXES}
+
     def dp_rank(self, rank: int) -> int:
         """The data-parallel index of global ``rank``: which slice of every batch it reads.
 
-        Every rank is a data-parallel worker while the only axes are dp_replicate and
-        dp_shard (laid out row-major, as the mesh is), so it is the global rank.
+        The flattened (dp_replicate, dp_shard) coordinate: ranks that differ only on the
+        cp or tp axes work on one model replica and must read the same samples.
         """
-        return rank
+        coords = self.coordinates(rank)
+        return coords["dp_replicate"] * self.dp_shard + coords["dp_shard"]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -108,15 +138,21 @@ class ParallelDims:
             "layout": self.layout,
         }
 
+    @property
+    def dp_mesh_axes(self) -> tuple[str, ...]:
+        """The mesh axes FSDP2 works over: ``dp_shard``, with ``dp_replicate`` in front for HSDP."""
+        return MESH_DIMS_HSDP if self.layout == "hsdp" else MESH_DIMS_FSDP
+
     def build_mesh(self, device_type: str) -> DeviceMesh | None:
-        """The FSDP2 mesh for sharded layouts; ``None`` when nothing is sharded.
+        """The named mesh over every axis of degree above 1, outermost first; ``None`` when
+        ``dp_replicate`` is the only one (single, DDP): those run on the default process
+        group, which is then exactly the data-parallel group.
 
         Needs an initialised default process group of ``world_size`` ranks.
         """
-        if not self.sharded:
+        axes = {axis: degree for axis, degree in self.degrees().items() if degree > 1}
+        if set(axes) <= {"dp_replicate"}:
             return None
         from torch.distributed.device_mesh import init_device_mesh
 
-        if self.layout == "hsdp":
-            return init_device_mesh(device_type, (self.dp_replicate, self.dp_shard), mesh_dim_names=MESH_DIMS_HSDP)
-        return init_device_mesh(device_type, (self.dp_shard,), mesh_dim_names=MESH_DIMS_FSDP)
+        return init_device_mesh(device_type, tuple(axes.values()), mesh_dim_names=tuple(axes))

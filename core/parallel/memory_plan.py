@@ -1,7 +1,7 @@
 """The sharding plan of a run, computed in one process without training (``lerobot plan``).
 
 The model is built on the meta device (shapes, no storage), then wrap units, ignored
-modules and tied-weight checks are resolved by the same functions ``parallelize`` uses,
+modules and tied-weight checks are resolved once by ``wrap_units.resolve_wrap_units``, as for the run,
 so a plan fails exactly where the run would, before anyone books 64 GPUs.
 
 Per-rank bytes follow FSDP2: each managed parameter is split on dim 0 with
@@ -23,9 +23,9 @@ import torch
 from torch import nn
 
 from lerobot_kit.core.config.schema import AcceleratorConfig, TrainConfig
-from lerobot_kit.core.parallel.parallelize import effective_wrap_units, unit_of
 from lerobot_kit.core.parallel.precision import build_mp_policy
 from lerobot_kit.core.parallel.dims import ParallelDims
+from lerobot_kit.core.parallel.wrap_units import WrapUnits
 
 # torch.optim.AdamW (not fused, not capturable) keeps ``step`` as a float32 0-dim tensor per parameter.
 _STEP_BYTES = torch.tensor(0.0, dtype=torch.float32).element_size()
@@ -121,10 +121,8 @@ def _class_name(model: nn.Module) -> str:
     return f"PeftModel({type(model.get_base_model()).__name__})" if is_peft_model(model) else type(model).__name__
 
 
-def plan_model(
-    model: nn.Module, dims: ParallelDims, accel: AcceleratorConfig, declared: list[str] | None
-) -> ShardingPlan:
-    """The plan for an already built (usually meta-device) model."""
+def plan_model(model: nn.Module, dims: ParallelDims, accel: AcceleratorConfig, wrap: WrapUnits) -> ShardingPlan:
+    """The plan for an already built (usually meta-device) model and its resolved wrap units."""
     params = list(model.parameters())  # unique: a tied parameter counts once, as FSDP stores it once
     full = {id(p): 1 for p in params}
     ddp = _rank_bytes(params, full)
@@ -141,14 +139,15 @@ def plan_model(
             **plan_kw, wrap_source="", units=[], root_params=0, ignored_modules=[], ignored_params=0,
             per_rank=ddp, gather_dtype=None, largest_gather_bytes=None, largest_gather_unit=None,
         )
-    units, source, ignored_paths, ignored = effective_wrap_units(model, accel.fsdp, declared)
+    units, source, ignored_paths = list(wrap.paths), wrap.source, list(wrap.ignored_modules)
+    ignored = set(wrap.ignored_params(model))
     mp_policy = build_mp_policy(accel)
     cast = mp_policy.param_dtype if mp_policy is not None else None
     managed: dict[str, int] = {path: 0 for path in ["", *units]}
     gathered: dict[str, int] = dict(managed)
     for name, param in model.named_parameters():
         if param not in ignored:
-            unit = unit_of(name, units)
+            unit = wrap.unit_of(name)
             managed[unit] += param.numel()
             gathered[unit] += param.numel() * (cast or param.dtype).itemsize
     largest = max(gathered, key=lambda path: gathered[path])
@@ -171,11 +170,11 @@ def plan_model(
 def plan_run(config: TrainConfig, world_size: int) -> ShardingPlan:
     """The plan of the run ``lerobot train`` would start on ``world_size`` processes: the
     same spec and the same model assembly (PEFT adapters included), on the meta device."""
-    from lerobot_kit.core.model.build import build_model, declared_wrap_modules
+    from lerobot_kit.core.model.build import build_model
     from lerobot_kit.core.data.build import build_dataset
     from lerobot_kit.core.run.spec import resolve_run
 
     spec = resolve_run(config, world_size)
     dataset = build_dataset(config)
-    model = build_model(spec, dataset.meta, torch.device("meta"))
-    return plan_model(model, spec.dims, config.accelerator, declared_wrap_modules(model))
+    built = build_model(spec, dataset.meta, torch.device("meta"))
+    return plan_model(built.model, spec.dims, config.accelerator, built.wrap)

@@ -42,9 +42,9 @@ def format_banner(run: "RunComponents", dataset_len: int, start_step: int) -> li
     total = sum(p.numel() for p in params)
     trainable = sum(p.numel() for p in params if p.requires_grad)
     per_rank = sum(local_numel(p) for p in params)
-    units = run.parallel.wrap_units
+    units = run.parallel.wrap.paths
     classes = sorted({unit_class_name(run.parallel.model.get_submodule(path)) for path in units})
-    unit_text = f"{len(units)} from {run.parallel.wrap_source} ({', '.join(classes)})" if units else "none (not sharded)"
+    unit_text = f"{len(units)} from {run.parallel.wrap.source} ({', '.join(classes)})" if units else "none (not sharded)"
     lines = [
         f"lerobot-kit {package_version()} | layout {dims.layout} | world {ctx.world_size} "
         f"(dp_replicate {dims.dp_replicate} × dp_shard {dims.dp_shard}) | launcher {ctx.launcher} | "

@@ -15,7 +15,7 @@ import torch
 from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.data.dataset import DatasetMeta
 from lerobot_kit.core.distributed.process_group import DistContext
-from lerobot_kit.core.parallel.parallelize import Parallelized
+from lerobot_kit.core.parallel.parallelized import Parallelized
 from lerobot_kit.core.model.processor import PolicyProcessor
 from lerobot_kit.core.parallel.dims import ParallelDims
 from lerobot_kit.core.run.spec import RunSpec

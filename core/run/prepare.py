@@ -20,8 +20,9 @@ from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
 from lerobot_kit.core.distributed.accelerate_guard import check_accelerate_env
 from lerobot_kit.core.distributed.process_group import DistContext, barrier, broadcast_object, init_distributed, shutdown
 from lerobot_kit.core.errors import CheckpointError, ConfigError
-from lerobot_kit.core.model.build import build_model, declared_wrap_modules
-from lerobot_kit.core.parallel.parallelize import Parallelized, parallelize
+from lerobot_kit.core.model.build import build_model
+from lerobot_kit.core.parallel.parallelized import Parallelized
+from lerobot_kit.core.parallel.pipeline import parallelize
 from lerobot_kit.core.parallel.precision import build_grad_scaler
 from lerobot_kit.core.run.banner import format_banner
 from lerobot_kit.core.run.components import RunComponents
@@ -137,26 +138,15 @@ def _parallel_model(spec: RunSpec, ctx: DistContext, meta: object) -> Paralleliz
     """The policy in its layout, with the weights a one-process run would start from.
 
     Sharded runs materialise the full model on the main process only: the others build
-    it on the meta device, and after ``fully_shard`` the main process's weights are
-    broadcast shard by shard. So initial weights equal a one-process run's with the same
+    it on the meta device, and the parallelize pipeline broadcasts the main process's
+    weights into their shards. So initial weights equal a one-process run's with the same
     seed, and no other rank ever holds the whole model. Replicated layouts hold full
     copies anyway and build them on every rank from the same seed.
     """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
     dims = spec.dims
     on_meta = dims.sharded and not ctx.is_main
-    model = build_model(spec, meta, torch.device("meta") if on_meta else torch.device("cpu"))  # type: ignore[arg-type]
-    full_state = model.state_dict() if dims.sharded and ctx.is_main else {}
-    mesh = dims.build_mesh(ctx.device.type)
-    parallel = parallelize(model, dims, mesh, spec.config.accelerator, declared_wrap_modules(model), ctx.device)
-    if dims.sharded:
-        if on_meta:
-            parallel.to_empty()
-        set_model_state_dict(
-            parallel.model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        )
-    return parallel
+    built = build_model(spec, meta, torch.device("meta") if on_meta else torch.device("cpu"))  # type: ignore[arg-type]
+    return parallelize(built.model, built.wrap, dims, spec.config.accelerator, ctx.device, weights_from_main=True)
 
 
 def _warn_if_not_sample_exact(saved: dict[str, object], spec: RunSpec) -> None:

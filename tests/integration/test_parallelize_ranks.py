@@ -31,7 +31,10 @@ from lerobot_kit.core.config.schema import (  # noqa: E402
 )
 from lerobot_kit.core.distributed.process_group import DistContext, all_reduce_mean, init_distributed, shutdown  # noqa: E402
 from lerobot_kit.core.parallel.dims import ParallelDims  # noqa: E402
-from lerobot_kit.core.parallel.parallelize import Parallelized, parallelize  # noqa: E402
+from lerobot_kit.core.parallel.activation_checkpointing import is_checkpointed  # noqa: E402
+from lerobot_kit.core.parallel.parallelized import Parallelized  # noqa: E402
+from lerobot_kit.core.parallel.pipeline import parallelize  # noqa: E402
+from lerobot_kit.core.parallel.wrap_units import resolve_wrap_units  # noqa: E402
 from lerobot_kit.core.parallel.precision import build_grad_scaler  # noqa: E402
 from toy_model import D, OUT, SEED, Tiny, batch_for, make_model  # noqa: E402
 
@@ -91,6 +94,15 @@ def train(
     return {"losses": losses, "norms": norms, "stepped": stepped, "scales": scales, "unsynced": unsynced}
 
 
+def parallel_toy(
+    model: nn.Module, dims: ParallelDims, accel: AcceleratorConfig, device: torch.device,
+    declared: list[str] | None = Tiny._fsdp_wrap_modules,
+) -> Parallelized:
+    """Every rank built the same toy model from the same seed, so no initial-weights broadcast."""
+    wrap = resolve_wrap_units(model, dims, accel, declared)
+    return parallelize(model, wrap, dims, accel, device, weights_from_main=False)
+
+
 def full_params(model: nn.Module) -> dict[str, list[float]]:
     """Every parameter in full (a collective for sharded ones: every rank must call it)."""
     out = {}
@@ -112,8 +124,8 @@ def shard_report(p: Parallelized) -> dict[str, Any]:
         "sharded_total": sharded_total,
         "sharded_local": sharded_local,
         "slack": slack,
-        "units": p.wrap_units,
-        "source": p.wrap_source,
+        "units": list(p.wrap.paths),
+        "source": p.wrap.source,
         "all_dtensor": all(isinstance(q, DTensor) for q in p.model.parameters() if id(q) not in ignored),
         "ignored_plain": all(not isinstance(q, DTensor) for q in p.ignored_params),
     }
@@ -122,10 +134,14 @@ def shard_report(p: Parallelized) -> dict[str, Any]:
 def layout_run(ctx: DistContext, parallelism: ParallelismConfig, accel: AcceleratorConfig, **train_kw: Any) -> dict:
     dims = ParallelDims.resolve(parallelism, ctx.world_size)
     model = make_model()
-    p = parallelize(model, dims, dims.build_mesh("cpu"), accel, Tiny._fsdp_wrap_modules, ctx.device)
+    p = parallel_toy(model, dims, accel, ctx.device)
     run = train(p, ctx, **train_kw)
     run["params"] = full_params(p.model)
     run["layout"] = dims.layout
+    run["checkpointed"] = [is_checkpointed(p.model.get_submodule(u)) for u in ("blocks.0", "blocks.1")]
+    run["dp_rank"] = dims.dp_rank(ctx.rank)
+    if p.mesh is not None:  # the mesh's own coordinates of this rank, per named axis
+        run["mesh_coords"] = {axis: p.mesh.get_local_rank(axis) for axis in p.mesh.mesh_dim_names or ()}
     if dims.sharded:
         run["shards"] = shard_report(p)
     return run
@@ -136,7 +152,7 @@ def meta_run(ctx: DistContext, parallelism: ParallelismConfig, accel: Accelerato
     dims = ParallelDims.resolve(parallelism, ctx.world_size)
     with torch.device("meta"):
         model = Tiny()
-    p = parallelize(model, dims, dims.build_mesh("cpu"), accel, Tiny._fsdp_wrap_modules, ctx.device)
+    p = parallel_toy(model, dims, accel, ctx.device)
     if via_method:
         p.to_empty()
     else:
@@ -153,7 +169,7 @@ def reduce_dtype_run(ctx: DistContext, reduce_dtype: str | None) -> dict:
     dims = ParallelDims.resolve(ParallelismConfig(dp_shard=ctx.world_size), ctx.world_size)
     policy = MixedPrecisionPolicyConfig(param_dtype="bfloat16", reduce_dtype=reduce_dtype)
     accel = AcceleratorConfig(mixed_precision="bf16", fsdp=FSDPConfig(mixed_precision_policy=policy))
-    p = parallelize(make_model(), dims, dims.build_mesh("cpu"), accel, ["Block"], ctx.device)
+    p = parallel_toy(make_model(), dims, accel, ctx.device)
     x, y = batch_for(ctx.rank, 16)
     F.mse_loss(p.module(x).float(), y).backward()
     grads = [q.grad.to_local() for q in p.model.parameters()]
@@ -165,7 +181,7 @@ def fp16_run(ctx: DistContext) -> dict:
     """FSDP + fp16 + loss scaler; at step 1 only rank 1 sees an overflow in its shard."""
     dims = ParallelDims.resolve(ParallelismConfig(dp_shard=ctx.world_size), ctx.world_size)
     accel = AcceleratorConfig(mixed_precision="fp16")
-    p = parallelize(make_model(), dims, dims.build_mesh("cpu"), accel, ["Block"], ctx.device)
+    p = parallel_toy(make_model(), dims, accel, ctx.device)
     scaler = build_grad_scaler(accel, dims, ctx)
     snapshots: dict[int, dict] = {}
 
@@ -192,6 +208,8 @@ def fp16_run(ctx: DistContext) -> dict:
 
 IGNORE_HEAD = AcceleratorConfig(fsdp=FSDPConfig(ignored_modules="head"))
 OFFLOAD_NO_RESHARD = AcceleratorConfig(fsdp=FSDPConfig(cpu_offload=True, reshard_after_forward=False))
+AC = AcceleratorConfig(activation_checkpointing=True)
+IGNORE_HEAD_AC = AcceleratorConfig(activation_checkpointing=True, fsdp=FSDPConfig(ignored_modules="head"))
 
 
 def job_w2(ctx: DistContext) -> dict:
@@ -199,8 +217,10 @@ def job_w2(ctx: DistContext) -> dict:
     return {
         "ddp": layout_run(ctx, ParallelismConfig(), AcceleratorConfig(), batch=4),
         "ddp_accum": layout_run(ctx, ParallelismConfig(), AcceleratorConfig(), batch=2, accum=2),
+        "ddp_ac": layout_run(ctx, ParallelismConfig(), AC, batch=4),
         "fsdp": layout_run(ctx, fsdp, IGNORE_HEAD, batch=4),
         "fsdp_accum": layout_run(ctx, fsdp, IGNORE_HEAD, batch=2, accum=2),
+        "fsdp_ac": layout_run(ctx, fsdp, IGNORE_HEAD_AC, batch=4),
         "fsdp_offload": layout_run(ctx, fsdp, OFFLOAD_NO_RESHARD, batch=4),
         "fsdp_bf16": layout_run(ctx, fsdp, AcceleratorConfig(mixed_precision="bf16"), batch=4),
         "meta_fsdp": meta_run(ctx, fsdp, IGNORE_HEAD, via_method=False),
@@ -216,6 +236,7 @@ def job_w4(ctx: DistContext) -> dict:
     return {
         "hsdp": layout_run(ctx, hsdp, IGNORE_HEAD, batch=2),
         "hsdp_accum": layout_run(ctx, hsdp, IGNORE_HEAD, batch=1, accum=2),
+        "hsdp_ac": layout_run(ctx, hsdp, IGNORE_HEAD_AC, batch=2),
         "fsdp4": layout_run(ctx, ParallelismConfig(dp_shard=-1), AcceleratorConfig(), batch=2),
     }
 
@@ -234,7 +255,7 @@ def single_ctx() -> DistContext:
 def reference() -> dict:
     """The same global batch in one process, no wrapper."""
     dims = ParallelDims.resolve(ParallelismConfig(), 1)
-    p = parallelize(make_model(), dims, None, AcceleratorConfig(), None, torch.device("cpu"))
+    p = parallel_toy(make_model(), dims, AcceleratorConfig(), torch.device("cpu"), declared=None)
     assert p.module is p.model and p.dims.layout == "single"
     run = train(p, single_ctx(), batch=GLOBAL_BATCH)
     run["params"] = full_params(p.model)
@@ -243,7 +264,7 @@ def reference() -> dict:
 
 def _job(name: str, world: int, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     workdir = tmp_path_factory.mktemp(name)
-    return run_ranks([__file__, name, str(workdir)], world, workdir, timeout=150)
+    return run_ranks([__file__, name, str(workdir)], world, workdir, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -328,6 +349,31 @@ def test_ignored_module_stays_identical_and_trained(job: str, key: str, referenc
     initial = full_params(make_model())["head.weight"]
     assert heads[0] != initial
     assert ranks[0][key]["shards"]["total"] - ranks[0][key]["shards"]["sharded_total"] == D * OUT + OUT
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(("job", "key"), [("w2", "ddp"), ("w2", "fsdp"), ("w4", "hsdp")])
+def test_activation_checkpointing_leaves_the_numbers_unchanged(job: str, key: str, request: pytest.FixtureRequest):
+    """Each Block recomputed in backward (really checkpointed), yet losses, norms and
+    trained weights equal the run without it, on every rank."""
+    for rank in request.getfixturevalue(job):
+        plain, checkpointed = rank[key], rank[f"{key}_ac"]
+        assert checkpointed["checkpointed"] == [True, True] and plain["checkpointed"] == [False, False]
+        assert_rel(checkpointed["losses"], plain["losses"], rel=1e-6)
+        assert_rel(checkpointed["norms"], plain["norms"], rel=1e-6)
+        assert_params_close(checkpointed["params"], plain["params"], atol=1e-6)
+
+
+@pytest.mark.timeout(200)
+def test_data_parallel_rank_is_the_meshs_coordinate(w2: list[dict], w4: list[dict]):
+    """``ParallelDims.dp_rank`` and the named mesh agree on where each rank sits."""
+    for rank, run in enumerate(w4):
+        coords = run["hsdp"]["mesh_coords"]
+        assert coords == {"dp_replicate": rank // 2, "dp_shard": rank % 2}
+        assert run["hsdp"]["dp_rank"] == coords["dp_replicate"] * 2 + coords["dp_shard"] == rank
+    for rank, run in enumerate(w2):
+        assert run["fsdp"]["mesh_coords"] == {"dp_shard": rank} and run["fsdp"]["dp_rank"] == rank
+        assert "mesh_coords" not in run["ddp"] and run["ddp"]["dp_rank"] == rank  # DDP: the default group
 
 
 @pytest.mark.timeout(200)

@@ -291,6 +291,7 @@ def _bf16_base_with_trained_norms(base: Path, mixed_precision: str):
     from lerobot_kit.core.model.peft import align_trainable_dtypes, base_path_of, wrap_policy
     from lerobot_kit.core.model.policy import load_pretrained
     from lerobot_kit.core.parallel.dims import ParallelDims
+    from lerobot_kit.core.parallel.wrap_units import resolve_wrap_units
     from lerobot_kit.plugins.policies.act.modeling import ACTPolicy
 
     policy, _, _ = load_pretrained(base)
@@ -299,7 +300,8 @@ def _bf16_base_with_trained_norms(base: Path, mixed_precision: str):
     model = wrap_policy(policy, peft_config, base_path_of(base))
     config = TrainConfig.model_validate({"accelerator": {"mixed_precision": mixed_precision}})
     dims = ParallelDims(dp_replicate=1, dp_shard=2, world_size=2)
-    align_trainable_dtypes(model, config, dims, ACTPolicy._fsdp_wrap_modules)
+    wrap = resolve_wrap_units(model, dims, config.accelerator, ACTPolicy._fsdp_wrap_modules)
+    align_trainable_dtypes(model, config, dims, wrap)
     return model
 
 

@@ -30,7 +30,8 @@ from lerobot_kit.core.model.policy import make_policy  # noqa: E402
 from lerobot_kit.core.model.processor import make_processors  # noqa: E402
 from lerobot_kit.core.parallel.dims import ParallelDims  # noqa: E402
 from lerobot_kit.core.parallel.memory_plan import plan_run  # noqa: E402
-from lerobot_kit.core.parallel.parallelize import parallelize  # noqa: E402
+from lerobot_kit.core.parallel.pipeline import parallelize  # noqa: E402
+from lerobot_kit.core.parallel.wrap_units import resolve_wrap_units  # noqa: E402
 from lerobot_kit.core.data.build import build_dataset  # noqa: E402
 from lerobot_kit.core.run.optim import build_optimizer  # noqa: E402
 
@@ -74,9 +75,8 @@ def _measure(flags: list[str], ctx: DistContext) -> dict[str, Any]:
     torch.manual_seed(config.seed)
     policy = make_policy(config.policy, dataset.meta)
     preprocessor, _ = make_processors(config.policy, dataset.meta)
-    parallel = parallelize(
-        policy, dims, dims.build_mesh("cpu"), config.accelerator, type(policy)._fsdp_wrap_modules, ctx.device
-    )
+    wrap = resolve_wrap_units(policy, dims, config.accelerator, type(policy)._fsdp_wrap_modules)
+    parallel = parallelize(policy, wrap, dims, config.accelerator, ctx.device, weights_from_main=False)
     trainable = [p for p in parallel.model.parameters() if p.requires_grad]
     # Sharded and plain (ignored) parameters apart: one foreach AdamW step cannot mix DTensors and tensors.
     sharded = [p for p in trainable if isinstance(p, DTensor)]

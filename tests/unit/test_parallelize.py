@@ -16,7 +16,8 @@ from lerobot_kit.core.config.schema import AcceleratorConfig, FSDPConfig, MixedP
 from lerobot_kit.core.distributed.process_group import DistContext
 from lerobot_kit.core.errors import ConfigError
 from lerobot_kit.core.parallel.dims import ParallelDims
-from lerobot_kit.core.parallel.parallelize import check_tied_weights, parallelize, resolve_wrap_units
+from lerobot_kit.core.parallel.pipeline import parallelize
+from lerobot_kit.core.parallel.wrap_units import WrapUnits, check_tied_weights, resolve_wrap_units
 from lerobot_kit.core.parallel.precision import autocast_dtype, build_grad_scaler, build_mp_policy
 from toy_model import D, Block, batch_for, make_model
 
@@ -30,7 +31,7 @@ def test_single_process_accumulates_and_clips_like_torch() -> None:
     in plain torch: two micro-batches, one of them under ``no_sync``, then the clip."""
     dims = ParallelDims.resolve(ParallelismConfig(), 1)
     ours, theirs = make_model(), make_model()
-    p = parallelize(ours, dims, None, AcceleratorConfig(), None, torch.device("cpu"))
+    p = parallelize(ours, WrapUnits(), dims, AcceleratorConfig(), torch.device("cpu"), weights_from_main=True)
     assert p.module is ours
     x, y = batch_for(0, 8)
     with p.no_sync():
@@ -117,40 +118,67 @@ def test_loss_scaler_dynamics_and_state() -> None:
 FSDP = FSDPConfig()
 
 
+def _sharded_dims() -> ParallelDims:
+    return ParallelDims.resolve(ParallelismConfig(dp_shard=2), 2)
+
+
+def _units(model: nn.Module, fsdp: FSDPConfig, declared: list[str] | None, **flags: bool) -> WrapUnits:
+    """Units of a sharded run, or of a one-process run with ``flags`` (activation_checkpointing, compile)."""
+    dims = ParallelDims.resolve(ParallelismConfig(), 1) if flags else _sharded_dims()
+    return resolve_wrap_units(model, dims, AcceleratorConfig(fsdp=fsdp, **flags), declared)
+
+
 def test_wrap_units_precedence_and_size_rule() -> None:
     model = make_model()
-    assert resolve_wrap_units(model, FSDPConfig(wrap_modules=["Linear"]), ["Block"]) == (
-        ["inp", "blocks.0.fc1", "blocks.0.fc2", "blocks.1.fc1", "blocks.1.fc2", "head"],
-        "flag",
+    assert _units(model, FSDPConfig(wrap_modules=["Linear"]), ["Block"]) == WrapUnits(
+        ("inp", "blocks.0.fc1", "blocks.0.fc2", "blocks.1.fc1", "blocks.1.fc2", "head"), "flag"
     )
-    assert resolve_wrap_units(model, FSDPConfig(min_num_params=1), ["Block"]) == (["blocks.0", "blocks.1"], "policy")
+    assert _units(model, FSDPConfig(min_num_params=1), ["Block"]) == WrapUnits(("blocks.0", "blocks.1"), "policy")
     # Bottom-up: each fc2 (528) is a unit; fc1 (544) too; a Block then has nothing left.
-    assert resolve_wrap_units(model, FSDPConfig(min_num_params=500), None)[0] == [
+    assert _units(model, FSDPConfig(min_num_params=500), None).paths == (
         "blocks.0.fc1", "blocks.0.fc2", "blocks.1.fc1", "blocks.1.fc2",
-    ]
+    )
     # 1000: a Block (1072) qualifies; its linears alone do not; the ModuleList never does.
-    assert resolve_wrap_units(model, FSDPConfig(min_num_params=1000), None) == (["blocks.0", "blocks.1"], "min_num_params")
+    assert _units(model, FSDPConfig(min_num_params=1000), None) == WrapUnits(("blocks.0", "blocks.1"), "min_num_params")
 
 
-def test_missing_wrap_units_names_all_three_options() -> None:
+def test_units_are_resolved_only_where_something_works_per_unit() -> None:
+    """One process without AC or compile needs none; with either it needs them, in the same order."""
+    model = make_model()
+    single = ParallelDims.resolve(ParallelismConfig(), 1)
+    assert resolve_wrap_units(model, single, AcceleratorConfig(), ["Block"]) == WrapUnits()
+    for flag in ("activation_checkpointing", "compile"):
+        assert _units(model, FSDP, ["Block"], **{flag: True}) == WrapUnits(("blocks.0", "blocks.1"), "policy")
+
+
+@pytest.mark.parametrize(
+    ("flags", "who"),
+    [
+        ({}, "a sharded run needs FSDP wrap units"),
+        ({"activation_checkpointing": True}, "--accelerator.activation_checkpointing=true needs FSDP wrap units"),
+        ({"compile": True}, "--accelerator.compile=true needs FSDP wrap units"),
+    ],
+)
+def test_missing_wrap_units_names_all_three_options(flags: dict[str, bool], who: str) -> None:
     with pytest.raises(ConfigError) as err:
-        resolve_wrap_units(make_model(), FSDP, None)
+        _units(make_model(), FSDP, None, **flags)
     message = str(err.value)
+    assert message.startswith(who) and "\n" not in message
     assert "_fsdp_wrap_modules" in message
     assert "--accelerator.fsdp.wrap_modules" in message and "--accelerator.fsdp.min_num_params" in message
 
 
 def test_unknown_wrap_class_lists_the_model_classes() -> None:
     with pytest.raises(ConfigError) as err:
-        resolve_wrap_units(make_model(), FSDPConfig(wrap_modules=["Blok"]), None)
+        _units(make_model(), FSDPConfig(wrap_modules=["Blok"]), None)
     assert "names 'Blok', which is not a module class of this model" in str(err.value)
     assert "its module classes are: Block, Linear, ModuleList, Tiny" in str(err.value)
     with pytest.raises(ConfigError, match=r"_fsdp_wrap_modules \(Tiny\) names 'Layer'"):
-        resolve_wrap_units(make_model(), FSDP, ["Layer"])
+        _units(make_model(), FSDP, ["Layer"])
     with pytest.raises(ConfigError, match="container has no forward"):
-        resolve_wrap_units(make_model(), FSDPConfig(wrap_modules=["ModuleList"]), None)
+        _units(make_model(), FSDPConfig(wrap_modules=["ModuleList"]), None)
     with pytest.raises(ConfigError, match="selects no submodule.*'blocks'.*2144"):
-        resolve_wrap_units(make_model(), FSDPConfig(min_num_params=10**6), None)
+        _units(make_model(), FSDPConfig(min_num_params=10**6), None)
 
 
 class TiedLM(nn.Module):
@@ -178,10 +206,6 @@ def test_tied_weights_across_units_are_refused() -> None:
         check_tied_weights(model, ["blocks.0", "blocks.1"])
 
 
-def _sharded_dims() -> ParallelDims:
-    return ParallelDims.resolve(ParallelismConfig(dp_shard=2), 2)
-
-
 @pytest.mark.parametrize(
     ("fsdp", "match"),
     [
@@ -191,9 +215,45 @@ def _sharded_dims() -> ParallelDims:
         (FSDPConfig(wrap_modules=["Embedding", "Block"]), "tied weights cannot be split"),
     ],
 )
-def test_parallelize_refuses_before_sharding(fsdp: FSDPConfig, match: str) -> None:
-    """These errors come before any collective, so no process group is needed (mesh unused)."""
+def test_sharded_units_refuse_before_any_collective(fsdp: FSDPConfig, match: str) -> None:
+    """Resolved when the model is built, before the mesh exists, so no process group is needed."""
     model = TiedLM() if fsdp.wrap_modules else make_model()
     with pytest.raises(ConfigError, match=match):
-        fake_mesh: Any = object()
-        parallelize(model, _sharded_dims(), fake_mesh, AcceleratorConfig(fsdp=fsdp), ["Block"], torch.device("cpu"))
+        _units(model, fsdp, ["Block"])
+
+
+class SplitsItself(nn.Module):
+    """A policy that would shard its own layers for tensor/context parallelism."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = make_model()
+        self.calls: list[tuple[object, ParallelDims]] = []
+
+    def parallelize_tp_cp(self, mesh: object, dims: ParallelDims) -> None:
+        self.calls.append((mesh, dims))
+
+
+def test_tensor_parallel_seam_calls_the_policy_only_above_degree_one() -> None:
+    """tp/cp above 1 cannot be launched yet (ParallelDims.resolve refuses it), so the seam is
+    driven with hand-built degrees and a stand-in mesh: what matters is who is called, when."""
+    from lerobot_kit.core.parallel.tensor_parallel import apply_tensor_parallel
+
+    mesh: Any = object()
+    policy = SplitsItself()
+    apply_tensor_parallel(policy, ParallelDims(1, 1, 1), mesh)
+    assert policy.calls == []
+    with_tp = ParallelDims(1, 1, 2, tp=2)
+    wrapper = nn.Sequential(policy)  # found through a wrapper, as through a PEFT model
+    apply_tensor_parallel(wrapper, with_tp, mesh)
+    assert policy.calls == [(mesh, with_tp)]
+    with pytest.raises(ConfigError, match=r"^--parallelism.tp=1 --parallelism.cp=2: the policy \(Tiny\) defines no "
+                       r"parallelize_tp_cp\(mesh, dims\) method"):
+        apply_tensor_parallel(make_model(), ParallelDims(1, 1, 2, cp=2), mesh)
+
+
+def test_parallelize_refuses_flags_whose_units_were_not_resolved() -> None:
+    single = ParallelDims.resolve(ParallelismConfig(), 1)
+    with pytest.raises(ValueError, match="no wrap units"):
+        parallelize(make_model(), WrapUnits(), single, AcceleratorConfig(activation_checkpointing=True),
+                    torch.device("cpu"), weights_from_main=True)

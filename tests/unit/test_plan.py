@@ -20,6 +20,7 @@ from lerobot_kit.core.config.schema import AcceleratorConfig
 from lerobot_kit.core.errors import ConfigError
 from lerobot_kit.core.parallel.dims import ParallelDims
 from lerobot_kit.core.parallel.memory_plan import plan_model, plan_run, shard_numel
+from lerobot_kit.core.parallel.wrap_units import resolve_wrap_units
 
 
 def _plan(flags: list[str], world_size: int) -> dict[str, Any]:
@@ -64,9 +65,10 @@ def test_missing_wrap_units_fail_like_train() -> None:
         model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
     dims = ParallelDims(dp_replicate=1, dp_shard=2, world_size=2)
     with pytest.raises(ConfigError, match="needs FSDP wrap units"):
-        plan_model(model, dims, AcceleratorConfig(), None)
-    # DDP never resolves units, so the same model plans fine.
-    assert plan_model(model, ParallelDims(2, 1, 2), AcceleratorConfig(), None).units == []
+        resolve_wrap_units(model, dims, AcceleratorConfig(), None)
+    # DDP needs no units, so the same model plans fine.
+    ddp = ParallelDims(2, 1, 2)
+    assert plan_model(model, ddp, AcceleratorConfig(), resolve_wrap_units(model, ddp, AcceleratorConfig(), None)).units == []
 
 
 def test_tied_weights_across_units_fail_like_train() -> None:
@@ -75,4 +77,4 @@ def test_tied_weights_across_units_fail_like_train() -> None:
     model[1].weight = model[0].weight
     accel = AcceleratorConfig.model_validate({"fsdp": {"wrap_modules": ["Linear"]}})
     with pytest.raises(ConfigError, match="tied weights cannot be split across FSDP units"):
-        plan_model(model, ParallelDims(1, 2, 2), accel, None)
+        resolve_wrap_units(model, ParallelDims(1, 2, 2), accel, None)
