@@ -1,9 +1,9 @@
-"""What a checkpoint holds, and whether it is whole (SPEC S7.2).
+"""What a checkpoint holds, and whether it is whole.
 
 Reads JSON, safetensors headers and DCP metadata only, never tensor data or model code,
 and never imports torch: CI can validate a checkpoint in a second, and a downloaded
-checkpoint cannot run anything. The trainer's resume and ``convert-dcp`` reuse the same
-validation through ``inspect_checkpoint``.
+checkpoint cannot run anything. ``training_step.json`` is checked by the rules of
+``core.checkpoint.training_step``, the ones resume reads it by.
 """
 
 from __future__ import annotations
@@ -17,33 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from lerobot_kit.core.checkpoint import paths as L
+from lerobot_kit.core.checkpoint import training_step
+from lerobot_kit.core.checkpoint.training_step import OPTIMIZER_KINDS, WEIGHTS_KINDS, json_type
 from lerobot_kit.core.offline.dcp_metadata import check_dcp_shards, read_dcp_metadata, tensor_entries
 from lerobot_kit.core.offline.safetensors_header import read_safetensors_header, tensor_nbytes, tensors
 from lerobot_kit.core.errors import CheckpointError
-
-WEIGHTS_KINDS = ("gathered", "dcp", "gathered+dcp")
-OPTIMIZER_KINDS = ("safetensors", "dcp")
-MIXED_PRECISION = ("no", "bf16", "fp16")
-
-# training_step.json of layout 1: key -> type (bool is checked apart: it is an int in Python).
-TRAINING_STEP_SCHEMA: dict[str, type] = {
-    "layout_version": int,
-    "step": int,
-    "lerobot_kit_version": str,
-    "dp_world_size": int,
-    "batch_size": int,
-    "gradient_accumulation_steps": int,
-    "mixed_precision": str,
-    "topology": dict,
-    "checkpoint_format": str,
-    "weights": str,
-    "optimizer": str,
-    "peft": bool,
-    "sampler": dict,
-}
-TOPOLOGY_SCHEMA: dict[str, type] = {"world_size": int, "dp_replicate": int, "dp_shard": int, "layout": str}
-SAMPLER_SCHEMA: dict[str, type] = {"epoch": int, "offset": int, "samples_seen": int}
-
 
 
 @dataclass
@@ -271,58 +249,24 @@ class _Inspector:
     # --- schemas ----------------------------------------------------------------------
 
     def _check_training_step(self) -> dict[str, Any] | None:
+        """The record's own problems, by ``TrainingStep``'s rules, and its step against the folder."""
         rel = f"{L.TRAINING_STATE_DIR}/{L.TRAINING_STEP}"
         ts = self.parsed_json.get(rel)
         if ts is None:
             return None
         if not isinstance(ts, dict):
-            self._problem(rel, f"must be a JSON object, not {_json_type(ts)}")
+            self._problem(rel, f"must be a JSON object, not {json_type(ts)}")
             return None
-        version = ts.get("layout_version")
-        if "layout_version" not in ts:
-            self.layout_problems.append((rel, "has no layout_version: an older layout (such as LeRobot 0.6's)"))
-            return ts
-        if type(version) is not int:
-            self._problem(rel, f"layout_version must be an integer, not {_json_type(version)}")
-            return ts
-        if version != L.LAYOUT_VERSION:
-            age = "an older" if version < L.LAYOUT_VERSION else "a newer, unknown"
-            self.layout_problems.append(
-                (rel, f"layout_version {version} is {age} layout (this lerobot-kit reads {L.LAYOUT_VERSION})")
-            )
+        other = training_step.other_layout(ts)
+        if other is not None:
+            self.layout_problems.append((rel, other))
             return ts
         self.current_layout = True
-        self._check_schema(rel, ts, TRAINING_STEP_SCHEMA, "")
-        for key, schema in (("topology", TOPOLOGY_SCHEMA), ("sampler", SAMPLER_SCHEMA)):
-            if isinstance(ts.get(key), dict):
-                self._check_schema(rel, ts[key], schema, f"{key}.")
-        enums = (("weights", WEIGHTS_KINDS), ("optimizer", OPTIMIZER_KINDS), ("mixed_precision", MIXED_PRECISION))
-        for key, allowed in enums:
-            if isinstance(ts.get(key), str) and ts[key] not in allowed:
-                self._problem(rel, f"{key} is {ts[key]!r}, expected one of {', '.join(allowed)}")
-        for key in ("step", "dp_world_size", "batch_size", "gradient_accumulation_steps"):
-            value = ts.get(key)
-            if type(value) is int and value < (0 if key == "step" else 1):
-                self._problem(rel, f"{key} is {value}, which is out of range")
-        topo = ts.get("topology")
-        if isinstance(topo, dict) and all(type(topo.get(k)) is int for k in ("dp_replicate", "dp_shard")):
-            dp = topo["dp_replicate"] * topo["dp_shard"]
-            if type(ts.get("dp_world_size")) is int and ts["dp_world_size"] != dp:
-                self._problem(
-                    rel,
-                    f"dp_world_size is {ts['dp_world_size']}, but topology has dp_replicate × dp_shard = "
-                    f"{topo['dp_replicate']} × {topo['dp_shard']} = {dp}",
-                )
+        for line in training_step.problems(ts):
+            self._problem(rel, line)
         if L.is_step_dir_name(self.root.name) and type(ts.get("step")) is int and ts["step"] != int(self.root.name):
             self._problem(rel, f"step is {ts['step']}, but the folder is {self.root.name}")
         return ts
-
-    def _check_schema(self, rel: str, obj: dict[str, Any], schema: dict[str, type], prefix: str) -> None:
-        for key, kind in schema.items():
-            if key not in obj:
-                self._problem(rel, f"missing key '{prefix}{key}'")
-            elif not _has_type(obj[key], kind):
-                self._problem(rel, f"{prefix}{key} must be {_type_word(kind)}, not {_json_type(obj[key])}")
 
     def _check_policy_files(self) -> None:
         """The JSON files of pretrained_model/ and their references to state files."""
@@ -332,11 +276,11 @@ class _Inspector:
         for name in (L.TRAIN_CONFIG, L.ADAPTER_CONFIG):
             value = self.parsed_json.get(f"{L.PRETRAINED_DIR}/{name}")
             if value is not None and not isinstance(value, dict):
-                self._problem(f"{L.PRETRAINED_DIR}/{name}", f"must be a JSON object, not {_json_type(value)}")
+                self._problem(f"{L.PRETRAINED_DIR}/{name}", f"must be a JSON object, not {json_type(value)}")
         for name in (L.SCHEDULER_STATE, L.SCALER_STATE):
             value = self.parsed_json.get(f"{L.TRAINING_STATE_DIR}/{name}")
             if value is not None and not isinstance(value, dict):
-                self._problem(f"{L.TRAINING_STATE_DIR}/{name}", f"must be a JSON object, not {_json_type(value)}")
+                self._problem(f"{L.TRAINING_STATE_DIR}/{name}", f"must be a JSON object, not {json_type(value)}")
         for rel, value in self.parsed_json.items():
             name = rel.split("/", 1)[1]
             if rel.startswith(f"{L.PRETRAINED_DIR}/") and name.startswith((L.PREPROCESSOR, L.POSTPROCESSOR)):
@@ -435,7 +379,7 @@ class _Inspector:
         if groups is None:
             return None
         if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
-            self._problem(rel, f"must be a JSON list of param groups (objects), not {_json_type(groups)}")
+            self._problem(rel, f"must be a JSON list of param groups (objects), not {json_type(groups)}")
             return None
         seen: set[str] = set()
         for i, group in enumerate(groups):
@@ -591,21 +535,6 @@ def _safetensors_refs(value: Any) -> list[str]:
     if isinstance(value, list):
         return [ref for v in value for ref in _safetensors_refs(v)]
     return []
-
-
-def _has_type(value: Any, kind: type) -> bool:
-    if kind is int:
-        return type(value) is int
-    return isinstance(value, kind)
-
-
-def _type_word(kind: type) -> str:
-    return {int: "an integer", str: "a string", bool: "true or false", dict: "an object"}[kind]
-
-
-def _json_type(value: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
-            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
 
 
 def _natural(key: str) -> tuple[int, str]:

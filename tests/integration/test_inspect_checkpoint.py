@@ -429,7 +429,7 @@ def test_other_layout_versions(tmp_path: Path, version: int, word: str) -> None:
     path = step_dir / L.TRAINING_STATE_DIR / L.TRAINING_STEP
     _write_json(path, {**json.loads(path.read_text()), "layout_version": version})
     assert_fails_naming(
-        step_dir, f"layout_version {version} is {word}", "cannot be resumed", "loading the weights still works"
+        step_dir, f"layout version {version} is {word}", "cannot be resumed", "loading the weights still works"
     )
 
 
