@@ -21,6 +21,7 @@ from pathlib import Path
 @dataclass
 class FakeHub:
     endpoint: str
+    refuse_commits: bool = False  # answer commits 403, as the Hub does to a token without write access
     requests: list[tuple[str, str, bytes]] = field(default_factory=list)
 
     def created_repo(self) -> dict:
@@ -52,6 +53,8 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 files = json.loads(body)["files"]
                 self._reply({"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
                                        for f in files]})
+            elif "/commit/" in self.path and hub.refuse_commits:
+                self._reply({"error": "You don't have the rights to create a commit in this repo"}, status=403)
             elif "/commit/" in self.path:
                 repo = self.path.split("/api/models/", 1)[1].split("/commit/", 1)[0]
                 self._reply({"commitUrl": f"{hub.endpoint}/{repo}/commit/{'a' * 40}", "commitOid": "a" * 40})
@@ -77,9 +80,9 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def serve_fake_hub() -> Iterator[FakeHub]:
+def serve_fake_hub(refuse_commits: bool = False) -> Iterator[FakeHub]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
-    hub = FakeHub(f"http://127.0.0.1:{server.server_address[1]}")
+    hub = FakeHub(f"http://127.0.0.1:{server.server_address[1]}", refuse_commits)
     server.RequestHandlerClass = _handler(hub)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

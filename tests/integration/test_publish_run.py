@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from _dist_util import clean_env
 from conftest import TINY_ACT, run_cli, torchrun_train
-from fake_hub import hub_env, serve_fake_hub, unreachable_endpoint
+from fake_hub import hub_env, serve_fake_hub
 from lerobot_kit.core.checkpoint.paths import DCP_MODEL_DIR, MODEL_WEIGHTS, PRETRAINED_DIR
 
 
@@ -43,10 +43,14 @@ def test_fsdp_run_pushes_exactly_the_final_pretrained_model(tmp_path):
     assert _files(final) == on_disk and (out / "checkpoints" / "000002").is_dir()
 
 
-def test_unreachable_hub_warns_once_and_keeps_the_checkpoint(tmp_path):
+def test_a_refused_push_warns_once_and_keeps_the_checkpoint(tmp_path):
+    """The Hub refuses the commit (a token without write access): the push was really
+    attempted with the final model's files, the run still succeeds with one warning, and
+    the files on disk are exactly those it tried to upload."""
     out = tmp_path / "run"
-    proc = run_cli("train", f"--output_dir={out}", "--steps=2", "--log_freq=2", *TINY_ACT, "--policy.repo_id=user/tiny",
-                   env={**clean_env(tmp_path), **hub_env(tmp_path, unreachable_endpoint())})
+    with serve_fake_hub(refuse_commits=True) as hub:
+        proc = run_cli("train", f"--output_dir={out}", "--steps=2", "--log_freq=2", *TINY_ACT,
+                       "--policy.repo_id=user/tiny", env={**clean_env(tmp_path), **hub_env(tmp_path, hub.endpoint)})
 
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
@@ -55,7 +59,9 @@ def test_unreachable_hub_warns_once_and_keeps_the_checkpoint(tmp_path):
     assert "final model not pushed to the Hub" in warnings[0] and "local files are intact" in warnings[0]
     pretrained = out / "checkpoints" / "000002" / PRETRAINED_DIR
     assert f"hf upload user/tiny {pretrained}" in warnings[0]
-    assert load_file(pretrained / MODEL_WEIGHTS)  # complete and readable
-    assert (out / "checkpoints" / "last").resolve() == pretrained.parent
+    assert len(hub.commits("user/tiny")) == 1
+    attempted = hub.uploaded("user/tiny")
+    assert MODEL_WEIGHTS in attempted and attempted == _files(pretrained)
+    assert load_file(pretrained / MODEL_WEIGHTS) and (out / "checkpoints" / "last").resolve() == pretrained.parent
     inspected = run_cli("inspect-checkpoint", str(pretrained.parent))
     assert inspected.returncode == 0, inspected.stdout + inspected.stderr

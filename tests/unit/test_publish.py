@@ -7,11 +7,9 @@ import sys
 
 import pytest
 
+from fake_hub import serve_fake_hub
 from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.run.publish import publish_final
-
-
-# ------------------------------------------------------------------ when not to push, and failures before any upload
 
 
 @pytest.fixture
@@ -37,15 +35,41 @@ def _ctx(rank: int):
     return DistContext(rank, rank, 2, torch.device("cpu"), "torchrun", "gloo")
 
 
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """The real huggingface_hub client, in this process, talking to a local fake Hub."""
+    from huggingface_hub import constants
+
+    with serve_fake_hub() as fake:
+        monkeypatch.setattr(constants, "ENDPOINT", fake.endpoint)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+        yield fake
+
+
+@pytest.fixture
+def final_step(tmp_path):
+    """A final checkpoint folder with a small ``pretrained_model/``."""
+    pretrained = tmp_path / "000004" / "pretrained_model"
+    pretrained.mkdir(parents=True)
+    (pretrained / "config.json").write_text('{"type": "act"}')
+    return pretrained.parent
+
+
 @pytest.mark.parametrize(
-    "policy, rank",
-    [({"repo_id": "user/tiny"}, 1), ({"repo_id": "user/tiny", "push_to_hub": False}, 0), ({}, 0)],
-    ids=["other-rank", "push-disabled", "no-repo-id"],
+    "policy, rank, pushed",
+    [({"repo_id": "user/tiny"}, 0, True), ({"repo_id": "user/tiny"}, 1, False),
+     ({"repo_id": "user/tiny", "push_to_hub": False}, 0, False), ({}, 0, False)],
+    ids=["main-process", "other-rank", "push-disabled", "no-repo-id"],
 )
-def test_nothing_is_attempted_unless_asked_on_the_main_process(tmp_path, log_lines, policy, rank):
-    # A missing folder: any attempt to push it would log a warning.
-    publish_final(TrainConfig(policy=policy), tmp_path / "missing", _ctx(rank))
-    assert log_lines == []
+def test_only_the_main_process_pushes_and_only_when_asked(hub, final_step, log_lines, policy, rank, pushed):
+    publish_final(TrainConfig(policy=policy), final_step, _ctx(rank))
+    if pushed:
+        assert hub.uploaded("user/tiny") == {"config.json": b'{"type": "act"}'}
+        assert len(log_lines) == 1 and log_lines[0].startswith(f"pushed {final_step / 'pretrained_model'} to the Hub")
+    else:
+        assert hub.requests == [] and log_lines == []
 
 
 def test_a_run_without_final_checkpoint_says_nothing_was_pushed(log_lines):
