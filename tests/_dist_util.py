@@ -27,11 +27,14 @@ _LAUNCH_PREFIXES = (
 )
 
 
+def without_launcher_vars() -> dict[str, str]:
+    """This environment minus launcher variables: a test's processes start as a user's would."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCH_PREFIXES)}
+
+
 def clean_env(workdir: Path) -> dict[str, str]:
-    """This environment minus launcher variables, with a private HF_HOME (no accelerate default config)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCH_PREFIXES)}
-    env["HF_HOME"] = str(workdir / "hf")
-    return env
+    """``without_launcher_vars()`` with a private HF_HOME (no accelerate default config)."""
+    return {**without_launcher_vars(), "HF_HOME": str(workdir / "hf")}
 
 
 def free_port() -> int:

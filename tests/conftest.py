@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -26,7 +25,10 @@ def script(name: str) -> str:
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120, cwd: Path | None = None,
             command: str = "lerobot") -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, **(env or {})}
+    """The installed console script with ``args``; ``env`` on top of this environment minus launcher variables."""
+    from _dist_util import without_launcher_vars
+
+    full_env = {**without_launcher_vars(), **(env or {})}
     return subprocess.run(
         [script(command), *args], capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd
     )

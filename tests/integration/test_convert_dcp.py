@@ -10,7 +10,6 @@ saved with ``torch.distributed.checkpoint``, and the gathered full state dict sa
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import struct
 import subprocess
@@ -26,7 +25,7 @@ import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from conftest import BIN, run_cli  # noqa: E402
+from conftest import BIN, launch_env, run_cli  # noqa: E402
 from fake_hub import hub_env, serve_fake_hub, unreachable_endpoint  # noqa: E402
 from lerobot_kit.core.offline.convert import convert_dcp
 from lerobot_kit.core.offline.dcp_chunks import row_blocks
@@ -40,7 +39,9 @@ from lerobot_kit.core.checkpoint.paths import (
     POLICY_CONFIG,
     PRETRAINED_DIR,
 )
+from lerobot_kit.core.checkpoint.stored_weights import StoredWeights
 from lerobot_kit.core.errors import CheckpointError
+from records import write_record
 
 STEP = "000004"
 
@@ -116,10 +117,9 @@ if __name__ == "__main__":
 @pytest.fixture(scope="module")
 def fsdp_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("fsdp_run")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", __file__, str(out)],
-        capture_output=True, text=True, timeout=120, env=env,
+        capture_output=True, text=True, timeout=120, env=launch_env(out),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
@@ -217,6 +217,23 @@ def test_delete_dcp_removes_shards_after_the_verified_write(step_dir):
     assert result.deleted_dcp
     assert not (step_dir / PRETRAINED_DIR / DCP_MODEL_DIR).exists()
     assert len(load_file(step_dir / PRETRAINED_DIR / MODEL_WEIGHTS)) == result.tensors
+
+
+def test_the_checkpoint_record_follows_the_conversion(step_dir):
+    """Loaders read what training_step.json records: after the merge it names the file too,
+    after --delete_dcp the file alone."""
+    record = write_record(step_dir, "dcp", checkpoint_format="dcp")
+    written = json.loads(record.read_text())
+    pretrained = step_dir / PRETRAINED_DIR
+    with pytest.raises(CheckpointError, match=f"merge them first: lerobot convert-dcp --checkpoint_dir={step_dir}$"):
+        StoredWeights.of(pretrained).gathered_file()
+    convert_dcp(step_dir)
+    assert json.loads(record.read_text()) == {**written, "weights": "gathered+dcp"}
+    assert StoredWeights.of(pretrained).gathered_file() == pretrained / MODEL_WEIGHTS
+    proc = run_cli("convert-dcp", f"--checkpoint_dir={step_dir}", "--overwrite=true", "--delete_dcp=true")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(record.read_text()) == {**written, "weights": "gathered"}
+    assert not StoredWeights.of(pretrained).shards
 
 
 def test_failed_verification_keeps_shards_and_leaves_no_file(tmp_path):

@@ -5,10 +5,11 @@ A fresh interpreter, because huggingface_hub reads HF_HUB_OFFLINE when it is fir
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from _dist_util import clean_env
 
 
 def test_allowed_download_offline_is_a_clear_error(tmp_path: Path) -> None:
@@ -21,7 +22,7 @@ def test_allowed_download_offline_is_a_clear_error(tmp_path: Path) -> None:
         "except LerobotError as exc:\n"
         "    print(exc)\n"
     )
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    env = {**clean_env(tmp_path), "HF_HUB_OFFLINE": "1"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "could not download dataset 'user/x' from the Hugging Face Hub" in result.stdout
