@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Iterator
@@ -35,6 +36,7 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 from lerobot_kit.core.config.schema import TrainConfig
+from lerobot_kit.core.data.blocks import BlockPlan, EpochPlan, epoch_starts
 from lerobot_kit.core.data.dataset import PolicyDataset
 from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
 from lerobot_kit.core.errors import LerobotError
@@ -121,7 +123,15 @@ def _collate(items: list[Batch] | _Fault) -> Batch | _Fault:
     return items if isinstance(items, _Fault) else default_collate(items)
 
 
-def _seed_worker(worker_id: int, seed: int, rank: int, epoch: int) -> None:
+def _as_is(items: list[Batch] | _Fault) -> list[Batch] | _Fault:
+    return items
+
+
+def _seed_worker(worker_id: int, seed: int, rank: int, epoch: int, stop_signals: tuple[int, ...] = ()) -> None:
+    # Ctrl-C and a scheduler's SIGTERM reach every process; the training process stops at a
+    # step boundary with a checkpoint (core.run.preemption) and ends its workers itself.
+    for signum in stop_signals:
+        signal.signal(signum, signal.SIG_IGN)
     worker_seed = sample_seed(seed, rank, epoch, worker_id)
     torch.manual_seed(worker_seed)
     np.random.seed(worker_seed % 2**32)
@@ -139,25 +149,83 @@ class _KeyedBatches:
             yield [(epoch, index) for index in batch]
 
 
+class _BlockTasks:
+    """Episode-block sampling: what workers decode (one block run per task) and the order
+    the main process emits the decoded items in (``core.data.blocks``)."""
+
+    def __init__(self, plan: BlockPlan, start: DataPosition, global_batch: int, batch_size: int) -> None:
+        self.plan = plan
+        self.batch_size = batch_size
+        self.first_epoch = start.epoch
+        self.first_output = start.offset // global_batch * batch_size
+        self._plans: dict[int, EpochPlan] = {}
+
+    def epoch(self, epoch: int) -> EpochPlan:
+        """The epoch's plan, kept for the two epochs in use (tasks run ahead of the consumer)."""
+        if epoch not in self._plans:
+            self._plans = {e: p for e, p in self._plans.items() if e >= epoch - 1}
+            self._plans[epoch] = self.plan.epoch(epoch)
+        return self._plans[epoch]
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        for epoch, first in epoch_starts(self.first_epoch, self.first_output):
+            plan = self.epoch(epoch)
+            for task in plan.tasks(first):
+                yield [(epoch, int(plan.inputs[p])) for p in task]
+
+    def batches(self, results: Iterator[list[Batch]]) -> Iterator[Batch]:
+        """Micro-batches in buffer order, from the decoded tasks (in task order)."""
+        for epoch, first in epoch_starts(self.first_epoch, self.first_output):
+            plan = self.epoch(epoch)
+            tasks = iter(plan.tasks(first))
+            decoded: dict[int, Batch] = {}
+            pending: list[Batch] = []
+            for position in plan.outputs[first:].tolist():
+                while position not in decoded:
+                    decoded.update(zip(next(tasks).tolist(), next(results)))
+                pending.append(decoded.pop(position))
+                if len(pending) == self.batch_size:
+                    yield default_collate(pending)
+                    pending = []
+
+
 class TrainingLoader:
     """Endless iterable of micro-batches for one data-parallel rank; ``sampler`` tracks the position."""
 
-    def __init__(self, loader: DataLoader, sampler: ResumableBatchSampler, num_workers: int, timeout_s: float) -> None:
+    def __init__(
+        self,
+        loader: DataLoader,
+        sampler: ResumableBatchSampler,
+        num_workers: int,
+        timeout_s: float,
+        blocks: _BlockTasks | None = None,
+        pin: bool = False,
+    ) -> None:
         self.loader = loader
         self.sampler = sampler
         self.num_workers = num_workers
         self.timeout_s = timeout_s
+        self.blocks = blocks
+        self.pin = pin
 
     def __iter__(self) -> Iterator[Batch]:
-        batches = iter(self.loader)
+        if self.blocks is None:
+            yield from self._results()
+            return
+        for batch in self.blocks.batches(self._results()):  # type: ignore[arg-type]
+            yield {k: v.pin_memory() for k, v in batch.items()} if self.pin else batch
+
+    def _results(self) -> Iterator[Any]:
+        """What the DataLoader delivers, with worker faults raised as themselves."""
+        results = iter(self.loader)
         while True:
             try:
-                batch = next(batches)
+                result = next(results)
             except RuntimeError as exc:
                 raise self._worker_failure(exc) from exc
-            if isinstance(batch, _Fault):
-                raise batch.error()
-            yield batch
+            if isinstance(result, _Fault):
+                raise result.error()
+            yield result
 
     def _worker_failure(self, exc: RuntimeError) -> Exception:
         text = str(exc)
@@ -186,23 +254,35 @@ def build_loader(
         len(dataset), config.batch_size, dp_world_size, dp_rank, config.seed, start=start
     )
     timeout = float(config.parallelism.timeout_s)
+    pin = device.type == "cuda"
+    blocks = None
+    batch_sampler: Any = _KeyedBatches(sampler)
+    if config.dataset.sampler.type == "episode_blocks":
+        plan = BlockPlan(
+            dataset.episode_lengths(), config.dataset.sampler.block_size, config.dataset.sampler.buffer_size,
+            config.batch_size, dp_world_size, dp_rank, config.seed,
+        )
+        blocks = batch_sampler = _BlockTasks(plan, start, sampler.global_batch, config.batch_size)
     options: dict[str, Any] = {}
     if workers:
         options = {
             "persistent_workers": True,
             "prefetch_factor": PREFETCH_BATCHES,
-            "worker_init_fn": partial(_seed_worker, seed=config.seed, rank=dp_rank, epoch=start.epoch),
+            "worker_init_fn": partial(
+                _seed_worker, seed=config.seed, rank=dp_rank, epoch=start.epoch,
+                stop_signals=config.preemption.signal_numbers(),
+            ),
             "timeout": timeout,
         }
     loader = DataLoader(
         TrainingItems(dataset, config),  # type: ignore[arg-type]  # map-style: __len__/__getitem__
-        batch_sampler=_KeyedBatches(sampler),  # type: ignore[arg-type]
+        batch_sampler=batch_sampler,
         num_workers=workers,
-        collate_fn=_collate,
-        pin_memory=device.type == "cuda",
+        collate_fn=_collate if blocks is None else _as_is,  # blocks are collated in buffer order
+        pin_memory=pin and blocks is None,
         # A private generator: creating the iterator must not draw from the global RNG, or a
         # resumed run's dropout would drift from the uninterrupted run's.
         generator=torch.Generator().manual_seed(config.seed),
         **options,
     )
-    return TrainingLoader(loader, sampler, workers, timeout)
+    return TrainingLoader(loader, sampler, workers, timeout, blocks, pin)

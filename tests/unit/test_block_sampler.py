@@ -1,0 +1,74 @@
+"""Episode-block sampling: the plan of an epoch, and the loader that follows it, resumed."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lerobot_dataset_factory import write_lerobot_dataset
+from lerobot_kit.core.config.flags import parse_train_config
+from lerobot_kit.core.data.blocks import BlockPlan, shuffle_buffer
+from lerobot_kit.core.data.build import build_dataset
+from lerobot_kit.core.data.loader import build_loader
+from lerobot_kit.core.data.sampler import DataPosition
+
+LENGTHS = np.array([23, 9, 31, 17])  # 80 frames
+
+
+def test_epoch_plans_split_shuffled_blocks_between_ranks() -> None:
+    plans = [BlockPlan(LENGTHS, 6, 10, 4, 2, rank, seed=3) for rank in range(2)]
+    starts = np.concatenate([[0], np.cumsum(LENGTHS)])
+    assert plans[0].share == 80 // 8 * 4 == 40
+    for epoch in range(3):
+        epochs = [plan.epoch(epoch) for plan in plans]
+        assert not set(epochs[0].inputs.tolist()) & set(epochs[1].inputs.tolist())
+        for e in epochs:
+            assert len(e.inputs) == 40 and sorted(e.outputs.tolist()) == list(range(40))
+            assert all(e.outputs[j] <= 10 + j for j in range(40))  # never further ahead than the buffer
+            for block in np.unique(e.block_of):  # a block is consecutive frames of one episode
+                frames = e.inputs[e.block_of == block]
+                assert np.array_equal(frames, np.arange(frames[0], frames[0] + len(frames)))
+                episode = np.searchsorted(starts, frames[0], side="right") - 1
+                assert frames[-1] < starts[episode + 1] and len(frames) <= 6
+    assert not np.array_equal(plans[0].epoch(0).inputs, plans[0].epoch(1).inputs)  # reshuffled each epoch
+    assert np.array_equal(plans[0].epoch(1).outputs, BlockPlan(LENGTHS, 6, 10, 4, 2, 0, seed=3).epoch(1).outputs)
+
+
+def test_shuffle_buffer_is_a_bounded_permutation() -> None:
+    out = shuffle_buffer(1000, 16, np.random.default_rng(0))
+    assert sorted(out.tolist()) == list(range(1000))
+    assert (out <= np.arange(1000) + 16).all()
+    assert shuffle_buffer(5, 1, np.random.default_rng(0)).tolist() == [0, 1, 2, 3, 4]  # no buffer, no shuffle
+
+
+def test_block_loader_resumes_exactly_and_serves_the_datasets_items(tmp_path: Path) -> None:
+    write_lerobot_dataset(tmp_path, LENGTHS.tolist(), video=True)
+    flags = ["--dataset.repo_id=user/x", f"--dataset.root={tmp_path}", "--policy.chunk_size=3",
+             "--policy.n_action_steps=3", "--batch_size=4", "--dataset.sampler.type=episode_blocks",
+             "--dataset.sampler.block_size=5", "--dataset.sampler.buffer_size=12"]
+
+    def batches(workers: int, start: DataPosition, count: int) -> list[dict[str, torch.Tensor]]:
+        config = parse_train_config([*flags, f"--num_workers={workers}"])
+        loader = build_loader(build_dataset(config), config, 1, 0, start, torch.device("cpu"))
+        return list(itertools.islice(iter(loader), count))
+
+    straight = batches(0, DataPosition(), 26)  # 20 steps per epoch: into the second epoch
+    with_workers = batches(2, DataPosition(), 26)
+    config = parse_train_config(flags)
+    dataset = build_dataset(config)
+    position = build_loader(dataset, config, 1, 0, DataPosition(), torch.device("cpu")).sampler.advance(
+        DataPosition(), 17)
+    resumed = batches(2, position, 9)
+    assert len(with_workers) == len(straight)
+    for a, b in zip(straight, with_workers):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    for a, b in zip(straight[17:], resumed):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    epoch0 = torch.cat([b["index"] for b in straight[:20]]).tolist()
+    assert sorted(epoch0) == list(range(80))  # every frame once per epoch
+    assert epoch0 != list(range(80))
+    item = dataset[epoch0[5]]
+    assert all(torch.equal(straight[1][k][1], item[k]) for k in item)
