@@ -20,6 +20,7 @@ import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -57,7 +58,8 @@ class WrittenDataset:
     episode_index: np.ndarray
     task_index: np.ndarray
     tasks: list[str]
-    cameras: dict[str, np.ndarray] = field(default_factory=dict)  # key -> uint8 [N, 3, H, W]
+    cameras: dict[str, np.ndarray] = field(default_factory=dict)  # key -> uint8 [N, 3, H, W] (when kept)
+    camera_stats: dict[str, dict[str, list]] = field(default_factory=dict)  # key -> stats.json entry
 
     def episode_bounds(self) -> list[tuple[int, int]]:
         ends = np.cumsum(self.lengths)
@@ -78,13 +80,18 @@ def write_lerobot_dataset(
     stats: bool = True,
     seed: int = 0,
     codec: str = "h264",
+    image_shape: tuple[int, int] | None = None,
+    keep_cameras: bool = True,
 ) -> WrittenDataset:
     """Write a v3.0 dataset with one episode per entry of ``episodes`` (its length) under ``root``.
 
     ``episodes_per_file`` packs that many episodes per data/video/episode-metadata file
     (default: all in one); file ``k`` is ``chunk-{k // chunks_size}/file-{k % chunks_size}``.
     ``image`` adds a PNG camera (``IMAGE_KEY``), ``video`` an mp4 camera (``VIDEO_KEY``, needs
-    PyAV) encoded with ``codec`` (``VIDEO_CODECS``). ``stats=False`` leaves out ``meta/stats.json``.
+    PyAV) encoded with ``codec`` (``VIDEO_CODECS``), both ``image_size`` square or
+    ``image_shape`` (height, width). Camera frames are rendered and written a few at a time;
+    ``keep_cameras=False`` does not keep them in ``WrittenDataset.cameras``, so datasets of any
+    size can be written. ``stats=False`` leaves out ``meta/stats.json``.
     """
     root = Path(root)
     state, action = _rollout(episodes, fps, seed)
@@ -94,10 +101,9 @@ def write_lerobot_dataset(
     done = frame_index == np.repeat(np.asarray(episodes) - 1, episodes)
     task_index = episode_index % len(tasks)
     written = WrittenDataset(root, fps, list(episodes), state, action, done, episode_index, task_index, list(tasks))
-    if image:
-        written.cameras[IMAGE_KEY] = _render(state, image_size, background=40)
-    if video:
-        written.cameras[VIDEO_KEY] = _render(state, image_size, background=90)
+    height, width = image_shape or (image_size, image_size)
+    backgrounds = ({IMAGE_KEY: 40} if image else {}) | ({VIDEO_KEY: 90} if video else {})
+    cameras = _Cameras(state, height, width, backgrounds, keep_cameras)
 
     per_file = episodes_per_file or len(episodes)
     groups = [list(range(i, min(i + per_file, len(episodes)))) for i in range(0, len(episodes), per_file)]
@@ -106,10 +112,11 @@ def write_lerobot_dataset(
     for k, group in enumerate(groups):
         chunk, file = divmod(k, chunks_size)
         lo, hi = bounds[group[0]][0], bounds[group[-1]][1]
-        _write_data_file(root / _chunk_file("data", chunk, file, "parquet"), written, lo, hi, frame_index, image)
+        _write_data_file(root / _chunk_file("data", chunk, file, "parquet"), written, lo, hi, frame_index,
+                         cameras.frames(IMAGE_KEY, lo, hi) if image else None)
         if video:
             _write_video(root / _chunk_file(f"videos/{VIDEO_KEY}", chunk, file, "mp4"),
-                         written.cameras[VIDEO_KEY][lo:hi], fps, codec)
+                         cameras.frames(VIDEO_KEY, lo, hi), fps, codec)
         rows = []
         for e in group:
             start, end = bounds[e]
@@ -138,7 +145,10 @@ def write_lerobot_dataset(
 
     _write_table(root / "meta/tasks.parquet",
                  pa.table({"task_index": pa.array(range(len(tasks)), pa.int64()), "task": list(tasks)}))
-    features = _features(image, video, image_size, codec)
+    written.camera_stats = cameras.stats()
+    if keep_cameras:
+        written.cameras = cameras.kept()
+    features = _features(image, video, height, width, codec)
     info = {
         "codebase_version": "v3.0",
         "robot_type": "point2d",
@@ -168,9 +178,52 @@ def dataset_stats(written: WrittenDataset) -> dict[str, dict[str, list]]:
                         ("timestamp", np.concatenate([np.arange(n) for n in written.lengths]) / written.fps)):
         data = np.asarray(values, dtype=np.float64).reshape(len(values), -1)
         out[key] = _stats(data, axis=0, keep=None)
-    for key, frames in written.cameras.items():
-        out[key] = _stats(frames.astype(np.float64) / 255.0, axis=(0, 2, 3), keep=(frames.shape[1], 1, 1))
+    out.update(written.camera_stats)
     return out
+
+
+class _Cameras:
+    """Renders each camera's frames a chunk at a time, counting pixel values for its stats."""
+
+    CHUNK = 64
+
+    def __init__(self, state: np.ndarray, height: int, width: int, backgrounds: dict[str, int], keep: bool) -> None:
+        self.state, self.height, self.width, self.backgrounds, self.keep = state, height, width, backgrounds, keep
+        self.counts = {key: np.zeros((3, 256), dtype=np.int64) for key in backgrounds}
+        self.chunks: dict[str, list[np.ndarray]] = {key: [] for key in backgrounds}
+
+    def frames(self, key: str, lo: int, hi: int) -> Iterator[np.ndarray]:
+        for start in range(lo, hi, self.CHUNK):
+            chunk = _render(self.state[start : min(start + self.CHUNK, hi)], self.height, self.width,
+                            self.backgrounds[key])
+            for c in range(3):
+                self.counts[key][c] += np.bincount(chunk[:, c].ravel(), minlength=256)
+            if self.keep:
+                self.chunks[key].append(chunk)
+            yield chunk
+
+    def kept(self) -> dict[str, np.ndarray]:
+        return {key: np.concatenate(chunks) for key, chunks in self.chunks.items()}
+
+    def stats(self) -> dict[str, dict[str, list]]:
+        """Per-channel stats on [0, 1], as LeRobot writes them, from exact pixel-value counts."""
+        levels = np.arange(256) / 255.0
+        out = {}
+        for key, counts in self.counts.items():
+            entry: dict[str, list] = {name: [] for name in ("mean", "std", "min", "max", "q01", "q99")}
+            for channel in counts:
+                n = channel.sum()
+                mean = (channel * levels).sum() / n
+                cumulative = np.cumsum(channel) / n
+                entry["mean"].append([[mean]])
+                entry["std"].append([[np.sqrt((channel * (levels - mean) ** 2).sum() / n)]])
+                entry["min"].append([[levels[np.nonzero(channel)[0][0]]]])
+                entry["max"].append([[levels[np.nonzero(channel)[0][-1]]]])
+                entry["q01"].append([[levels[np.searchsorted(cumulative, 0.01)]]])
+                entry["q99"].append([[levels[np.searchsorted(cumulative, 0.99)]]])
+            entry["count"] = [int(counts[0].sum() // (self.height * self.width))]
+            out[key] = entry
+        return out
 
 
 def _stats(data: np.ndarray, axis: int | tuple[int, ...], keep: tuple[int, ...] | None) -> dict[str, list]:
@@ -203,18 +256,18 @@ def _chunk_file(folder: str, chunk: int, file: int, ext: str) -> str:
     return f"{folder}/chunk-{chunk:03d}/file-{file:03d}.{ext}"
 
 
-def _features(image: bool, video: bool, size: int, codec: str) -> dict[str, dict]:
+def _features(image: bool, video: bool, height: int, width: int, codec: str) -> dict[str, dict]:
     camera_names = ["height", "width", "channels"]
     features: dict[str, dict] = {
         STATE_KEY: {"dtype": "float32", "shape": [len(STATE_NAMES)], "names": STATE_NAMES},
         ACTION_KEY: {"dtype": "float32", "shape": [len(ACTION_NAMES)], "names": {"motors": ACTION_NAMES}},
     }
     if image:
-        features[IMAGE_KEY] = {"dtype": "image", "shape": [size, size, 3], "names": camera_names}
+        features[IMAGE_KEY] = {"dtype": "image", "shape": [height, width, 3], "names": camera_names}
     if video:
         features[VIDEO_KEY] = {
-            "dtype": "video", "shape": [size, size, 3], "names": camera_names,
-            "info": {"video.height": size, "video.width": size, "video.codec": VIDEO_CODECS[codec][0],
+            "dtype": "video", "shape": [height, width, 3], "names": camera_names,
+            "info": {"video.height": height, "video.width": width, "video.codec": VIDEO_CODECS[codec][0],
                      "video.pix_fmt": VIDEO_CODECS[codec][1]},
         }
     features[DONE_KEY] = {"dtype": "bool", "shape": [1], "names": None}
@@ -225,13 +278,13 @@ def _features(image: bool, video: bool, size: int, codec: str) -> dict[str, dict
 
 
 def _write_data_file(path: Path, written: WrittenDataset, lo: int, hi: int, frame_index: np.ndarray,
-                     image: bool) -> None:
+                     images: Iterator[np.ndarray] | None) -> None:
     columns: dict[str, pa.Array] = {
         STATE_KEY: pa.FixedSizeListArray.from_arrays(pa.array(written.state[lo:hi].ravel()), written.state.shape[1]),
         ACTION_KEY: pa.array(list(written.action[lo:hi]), pa.list_(pa.float32())),
     }
-    if image:
-        encoded = [{"bytes": _png(frame), "path": None} for frame in written.cameras[IMAGE_KEY][lo:hi]]
+    if images is not None:
+        encoded = [{"bytes": _png(frame), "path": None} for chunk in images for frame in chunk]
         columns[IMAGE_KEY] = pa.array(encoded, pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
     columns[DONE_KEY] = pa.array(written.done[lo:hi])
     columns["timestamp"] = pa.array((frame_index[lo:hi] / written.fps).astype(np.float32))
@@ -255,20 +308,26 @@ def _png(frame: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def _write_video(path: Path, frames: np.ndarray, fps: int, codec: str) -> None:
+def _write_video(path: Path, chunks: Iterator[np.ndarray], fps: int, codec: str) -> None:
     """One frame per 1/fps starting at 0, encoded as ``VIDEO_CODECS[codec]`` says."""
     import av
 
     name, pix_fmt, options = VIDEO_CODECS[codec]
     path.parent.mkdir(parents=True, exist_ok=True)
     with av.open(str(path), "w") as container:
-        stream = container.add_stream(name, rate=fps, options=options)
-        stream.width, stream.height = frames.shape[3], frames.shape[2]
-        stream.pix_fmt = pix_fmt
-        for i, pixels in enumerate(frames):
-            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(pixels.transpose(1, 2, 0)), format="rgb24")
-            frame.pts = i
-            container.mux(stream.encode(frame))
+        stream = None
+        i = 0
+        for chunk in chunks:
+            if stream is None:
+                stream = container.add_stream(name, rate=fps, options=options)
+                stream.width, stream.height = chunk.shape[3], chunk.shape[2]
+                stream.pix_fmt = pix_fmt
+            for pixels in chunk:
+                frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(pixels.transpose(1, 2, 0)), format="rgb24")
+                frame.pts = i
+                i += 1
+                container.mux(stream.encode(frame))
+        assert stream is not None, "a video file needs frames"
         container.mux(stream.encode(None))
 
 
@@ -286,13 +345,13 @@ def _rollout(lengths: list[int], fps: int, seed: int) -> tuple[np.ndarray, np.nd
     return np.asarray(states, dtype=np.float32), np.asarray(actions, dtype=np.float32)
 
 
-def _render(state: np.ndarray, size: int, background: int) -> np.ndarray:
-    """uint8 [N, 3, size, size]: agent blob in red, target blob in green, flat blue background."""
-    axis = np.linspace(-1, 1, size)
-    out = np.empty((len(state), 3, size, size), dtype=np.uint8)
+def _render(state: np.ndarray, height: int, width: int, background: int) -> np.ndarray:
+    """uint8 [N, 3, height, width]: agent blob in red, target blob in green, flat blue background."""
+    across, down = np.linspace(-1, 1, width)[None, :], np.linspace(1, -1, height)[:, None]
+    out = np.empty((len(state), 3, height, width), dtype=np.uint8)
     for i, (x, y, tx, ty) in enumerate(state):
-        agent = np.exp(-((axis[None, :] - x) ** 2 + (axis[::-1, None] - y) ** 2) / 0.08)
-        target = np.exp(-((axis[None, :] - tx) ** 2 + (axis[::-1, None] - ty) ** 2) / 0.08)
+        agent = np.exp(-(across - x) ** 2 / 0.08) * np.exp(-(down - y) ** 2 / 0.08)
+        target = np.exp(-(across - tx) ** 2 / 0.08) * np.exp(-(down - ty) ** 2 / 0.08)
         out[i, 0] = np.round(255 * agent)
         out[i, 1] = np.round(255 * target)
         out[i, 2] = background
