@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator
 
 from lerobot_kit.core.data.options import ImageTransformsConfig, SamplerConfig
 
@@ -141,7 +141,10 @@ class TrainConfig(Section):
     dataset: SerializeAsAny[DatasetConfig] = Field(default_factory=DatasetConfig)
     output_dir: str | None = Field(None, description="Run folder (default outputs/train/<date>/<time>_<job_name>).")
     job_name: str | None = Field(None, description="Run name (default <policy.type>_<dataset.type>).")
-    resume: bool = Field(False, description="Resume the run in output_dir from checkpoints/last.")
+    resume: bool | Literal["auto"] = Field(
+        False, description="Resume the run in output_dir from checkpoints/last; auto: resume when it exists, else "
+        "start (for schedulers that rerun one command). A torchrun or SLURM restart always resumes.",
+    )
     config_path: str | None = Field(
         None, exclude=True, description="JSON config to start from (flags override it); a checkpoint's "
         "train_config.json with --resume=true resumes that checkpoint.",
@@ -170,6 +173,17 @@ class TrainConfig(Section):
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     trackio: TrackioConfig = Field(default_factory=TrackioConfig)
+
+    @field_validator("resume", mode="before")
+    @classmethod
+    def _resume_choice(cls, value: Any) -> Any:
+        """One error for a bad value instead of one per member of the union."""
+        if isinstance(value, str):
+            choices = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False, "auto": "auto"}
+            if value.strip().lower() not in choices:
+                raise ValueError("expected true, false or auto")
+            return choices[value.strip().lower()]
+        return value
 
     def to_json_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

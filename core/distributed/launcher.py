@@ -47,6 +47,14 @@ class LaunchEnv:
     master_addr: str | None
     master_port: int | None
     cpu: bool = False  # the launcher asked for CPU even when CUDA is present (accelerate launch --cpu)
+    # How many times the launcher has started this run again after a failure or a requeue
+    # (torchrun's worker-group restarts, SLURM's requeues): a restarted run resumes itself.
+    restart_count: int = 0
+    # Restarts the launcher will still attempt after this one fails (torchrun --max-restarts).
+    max_restarts: int = 0
+    # The rendezvous store is hosted by the launcher's agent, which outlives the workers
+    # (torchrun), rather than by rank 0.
+    agent_store: bool = False
 
 
 class Launcher:

@@ -37,6 +37,8 @@ class DistContext:
     device: torch.device
     launcher: str
     backend: str | None
+    restart_count: int = 0  # the launcher's restarts of this run so far (see ``LaunchEnv``)
+    max_restarts: int = 0  # restarts the launcher will still attempt after this attempt fails
 
     @property
     def is_main(self) -> bool:
@@ -76,18 +78,45 @@ def init_distributed(timeout_s: int) -> DistContext:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    restarts = {"restart_count": launch.restart_count, "max_restarts": launch.max_restarts}
     if launch.world_size == 1:
-        return DistContext(0, 0, 1, device, launcher.name, backend=None)
+        return DistContext(0, 0, 1, device, launcher.name, backend=None, **restarts)
     backend = "nccl" if use_cuda else "gloo"
     _export(launch)
+    timeout = timedelta(seconds=timeout_s)
     dist.init_process_group(
         backend=backend,
-        init_method="env://",
+        store=_attempt_store(launch, timeout),
         rank=launch.rank,
         world_size=launch.world_size,
-        timeout=timedelta(seconds=timeout_s),
+        timeout=timeout,
     )
-    return DistContext(launch.rank, launch.local_rank, launch.world_size, device, launcher.name, backend)
+    return DistContext(launch.rank, launch.local_rank, launch.world_size, device, launcher.name, backend, **restarts)
+
+
+def _attempt_store(launch: LaunchEnv, timeout: timedelta) -> dist.Store:
+    """The rendezvous store of this attempt of the run: keys of earlier attempts are out of sight.
+
+    torchrun's agent hosts one TCPStore for its whole life and keeps it across worker-group
+    restarts (``TORCHELASTIC_USE_AGENT_STORE``); torch's ``env://`` rendezvous uses it
+    without a per-attempt prefix. The keys a failed attempt wrote — each rank's gloo/NCCL
+    address among them — are then still there when the restarted ranks look for each
+    other, and a rank that reads a peer's old address connects to a process that no longer
+    exists: refused (the restart fails) or, once the port is reused, a connect that hangs
+    until the timeout. Prefixing every key with the restart count gives each attempt a
+    clean namespace. Without an agent, rank 0 hosts the store and a new attempt starts a
+    new one.
+    """
+    assert launch.master_addr is not None and launch.master_port is not None
+    store = dist.TCPStore(
+        launch.master_addr,
+        launch.master_port,
+        launch.world_size,
+        is_master=launch.rank == 0 and not launch.agent_store,
+        timeout=timeout,
+        multi_tenant=not launch.agent_store,
+    )
+    return dist.PrefixStore(f"lerobot_kit/attempt_{launch.restart_count}", store)
 
 
 def barrier(ctx: DistContext) -> None:
@@ -130,6 +159,15 @@ def all_reduce_mean(ctx: DistContext, values: dict[str, float]) -> dict[str, flo
 def all_reduce_sum(ctx: DistContext, values: dict[str, float]) -> dict[str, float]:
     """Per-key sum over ranks (samples, samples/s of the whole cluster)."""
     return _all_reduce(ctx, values, mean=False)
+
+
+def all_gather_objects(ctx: DistContext, obj: T) -> list[T]:
+    """Every rank's ``obj``, in rank order, on every rank (small picklable values)."""
+    if not ctx.distributed:
+        return [obj]
+    everyone: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(everyone, obj)
+    return everyone
 
 
 def broadcast_object(ctx: DistContext, obj: T, src: int = 0) -> T:

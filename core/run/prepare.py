@@ -28,7 +28,7 @@ from lerobot_kit.core.run.banner import format_banner
 from lerobot_kit.core.run.components import RunComponents
 from lerobot_kit.core.run.optim import build_optimizer, build_scheduler
 from lerobot_kit.core.run.publish import publish_final
-from lerobot_kit.core.run.spec import RunSpec, resolve_run
+from lerobot_kit.core.run.spec import Restarts, RunSpec, resolve_run
 from lerobot_kit.core.run.tracking import make_tracker
 from lerobot_kit.core.run.trainer import Trainer, TrainResult
 
@@ -63,13 +63,15 @@ def agree_on_spec(config: TrainConfig, ctx: DistContext) -> RunSpec:
     outcome: object = None
     if ctx.is_main:
         try:
-            outcome = resolve_run(config, ctx.world_size)
+            outcome = resolve_run(config, ctx.world_size, Restarts(ctx.restart_count, ctx.max_restarts))
         except (ConfigError, CheckpointError) as exc:
             outcome = exc
     outcome = broadcast_object(ctx, outcome)
     if isinstance(outcome, Exception):
         raise outcome
     assert isinstance(outcome, RunSpec)
+    if outcome.resume_note:
+        logger.info(outcome.resume_note)
     return outcome
 
 

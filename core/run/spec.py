@@ -32,6 +32,7 @@ class RunSpec:
     output_dir: Path
     resume_from: Path | None  # the step folder a resumed run restores, else None
     peft_base: Path | None  # the absolute pretrained_model/ an adapter trains on, else None
+    resume_note: str | None = None  # why the run resumes from where it does (or starts afresh on auto), for the log
 
     @property
     def resuming(self) -> bool:
@@ -56,15 +57,23 @@ class RunSpec:
         return recorded
 
 
-def resolve_run(config: TrainConfig, world_size: int) -> RunSpec:
+@dataclass(frozen=True)
+class Restarts:
+    """What the launcher says about restarts (``LaunchEnv``): how many so far, how many left."""
+
+    count: int = 0
+    allowed: int = 0
+
+
+def resolve_run(config: TrainConfig, world_size: int, restarts: Restarts = Restarts()) -> RunSpec:
     """The spec of ``config`` on ``world_size`` processes; one ``ConfigError`` or
     ``CheckpointError`` line for the first rule broken. Reads the disk and the clock, so
     in a multi-process run one process calls it and shares the result."""
     dims = ParallelDims.resolve(config.parallelism, world_size)
     _check_save_schedule(config)
     peft_base = _peft_base(config)
-    output_dir, resume_from = _output_and_resume(config)
-    return RunSpec(config, dims, output_dir, resume_from, peft_base)
+    output_dir, resume_from, note = _output_and_resume(config, restarts)
+    return RunSpec(config, dims, output_dir, resume_from, peft_base, note)
 
 
 def _check_save_schedule(config: TrainConfig) -> None:
@@ -86,8 +95,17 @@ def _peft_base(config: TrainConfig) -> Path | None:
     return base_path_of(config.policy.path)
 
 
-def _output_and_resume(config: TrainConfig) -> tuple[Path, Path | None]:
-    """Where the run writes, and the step folder it resumes from; refuses to overwrite a run."""
+def _output_and_resume(config: TrainConfig, restarts: Restarts) -> tuple[Path, Path | None, str | None]:
+    """Where the run writes, the step folder it resumes from, and why; refuses to overwrite a run.
+
+    A launcher's restart (torchrun after a failed rank, SLURM after a requeue) reruns the
+    very command that started the run, so it must find the run by itself: it continues
+    from ``checkpoints/last`` of the run's folder whatever ``--resume`` says, like
+    ``--resume=auto`` (for schedulers that simply rerun a command) — or starts afresh in
+    that folder when no checkpoint was published yet.
+    """
+    if config.resume == "auto" or restarts.count >= 1:
+        return _continue_run(config, restarts)
     if config.resume:
         step_dir = _step_dir_of(config.config_path)
         if step_dir is None:
@@ -102,7 +120,14 @@ def _output_and_resume(config: TrainConfig) -> tuple[Path, Path | None]:
                     f"--resume=true: {config.output_dir} has no checkpoint to resume ({paths.CHECKPOINTS_DIR}/"
                     f"{paths.LAST_LINK} is missing); start a new run without --resume"
                 )
-        return step_dir.parent.parent, step_dir
+        note = f"--resume=true: continuing from {step_dir} (step {_step_number(step_dir)})"
+        return step_dir.parent.parent, step_dir, note
+    if config.output_dir is None and restarts.allowed >= 1:
+        raise ConfigError(
+            f"torchrun --max-restarts={restarts.allowed} restarts this run in its output folder, but the default "
+            "--output_dir is a new timestamped folder at each start, so a restart would not find its checkpoints: "
+            "pass --output_dir"
+        )
     if config.output_dir is None:
         stamp = datetime.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
         job = config.job_name or f"{config.policy.type}_{config.dataset.type}"
@@ -112,9 +137,33 @@ def _output_and_resume(config: TrainConfig) -> tuple[Path, Path | None]:
     if output_dir.exists() and any(output_dir.iterdir()):
         raise ConfigError(
             f"--output_dir={output_dir} already exists and is not empty; pass --resume=true to continue "
-            "that run, or choose another --output_dir (nothing was changed)"
+            "that run (or --resume=auto), or choose another --output_dir (nothing was changed)"
         )
-    return output_dir, None
+    return output_dir, None, None
+
+
+def _continue_run(config: TrainConfig, restarts: Restarts) -> tuple[Path, Path | None, str]:
+    """``--resume=auto`` or a restart: the run's folder, and its ``last`` checkpoint if any."""
+    why = f"restart {restarts.count} of this run" if restarts.count >= 1 else "--resume=auto"
+    step_dir = _step_dir_of(config.config_path)
+    if step_dir is not None:
+        output_dir = step_dir.parent.parent
+    elif config.output_dir is not None:
+        output_dir = Path(config.output_dir)
+    else:
+        raise ConfigError(
+            f"{why} continues the run in its --output_dir, and none was given (the default folder is a new "
+            "timestamped one at each start): pass --output_dir"
+        )
+    last = paths.last_checkpoint(output_dir)
+    if last is None:
+        return output_dir, None, f"{why}: no checkpoint in {output_dir} yet, starting from step 0"
+    return output_dir, last, f"{why}: continuing from {last} (step {_step_number(last)})"
+
+
+def _step_number(step_dir: Path) -> int:
+    """Step folders are named by their step (``000020``)."""
+    return int(step_dir.name)
 
 
 def _step_dir_of(config_path: str | None) -> Path | None:

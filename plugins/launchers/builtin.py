@@ -21,7 +21,9 @@ def _validated(launch: LaunchEnv, source: str) -> LaunchEnv:
 
 
 def _torch_style(env: Mapping[str, str], source: str, cpu: bool = False) -> LaunchEnv:
-    """RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, as torchrun (and Accelerate) set them."""
+    """RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, as torchrun (and Accelerate) set them,
+    and torch elastic's restart count (plus SLURM's requeues), restart budget and whether its
+    agent hosts the rendezvous store."""
     return _validated(
         LaunchEnv(
             rank=env_int(env, "RANK"),
@@ -30,9 +32,18 @@ def _torch_style(env: Mapping[str, str], source: str, cpu: bool = False) -> Laun
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
             master_port=env_int(env, "MASTER_PORT", DEFAULT_MASTER_PORT),
             cpu=cpu,
+            # `srun torchrun` requeued by SLURM starts a new agent whose own count is 0 again.
+            restart_count=env_int(env, "TORCHELASTIC_RESTART_COUNT", 0) + _slurm_restarts(env),
+            max_restarts=env_int(env, "TORCHELASTIC_MAX_RESTARTS", 0),
+            agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
         ),
         source,
     )
+
+
+def _slurm_restarts(env: Mapping[str, str]) -> int:
+    """How many times SLURM has requeued this job (``scontrol requeue``, preemption with --requeue)."""
+    return env_int(env, "SLURM_RESTART_COUNT", 0)
 
 
 class AccelerateLauncher(Launcher):
@@ -52,7 +63,8 @@ class AccelerateLauncher(Launcher):
     def read(cls, env: Mapping[str, str]) -> LaunchEnv:
         cpu = env.get("ACCELERATE_USE_CPU", "").strip().lower() in ("1", "true", "yes")
         if "RANK" not in env:
-            return LaunchEnv(rank=0, local_rank=0, world_size=1, master_addr=None, master_port=None, cpu=cpu)
+            return LaunchEnv(rank=0, local_rank=0, world_size=1, master_addr=None, master_port=None, cpu=cpu,
+                             restart_count=_slurm_restarts(env))
         return _torch_style(env, "accelerate launch", cpu=cpu)
 
 
@@ -129,6 +141,7 @@ class SlurmLauncher(Launcher):
                 world_size=world_size,
                 master_addr=addr,
                 master_port=port,
+                restart_count=_slurm_restarts(env),
             ),
             "srun",
         )
@@ -154,4 +167,6 @@ class SingleProcessLauncher(Launcher):
                 "torchrun / accelerate launch / srun, or set every one of RANK, LOCAL_RANK, WORLD_SIZE, "
                 "MASTER_ADDR, MASTER_PORT"
             )
-        return LaunchEnv(rank=0, local_rank=0, world_size=1, master_addr=None, master_port=None)
+        # A batch script that runs `lerobot train` itself is requeued as a whole by SLURM.
+        return LaunchEnv(rank=0, local_rank=0, world_size=1, master_addr=None, master_port=None,
+                         restart_count=_slurm_restarts(env))
