@@ -22,7 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from lerobot_kit.core.checkpoint import atomic
+from lerobot_kit.core.checkpoint import atomic, disk_space, retention
 from lerobot_kit.core.checkpoint.save_restore import save_checkpoint, write_checkpoint
 from lerobot_kit.core.checkpoint.shard_writes import deferred_shard_writes, write_deferred
 from lerobot_kit.core.run.components import RunComponents
@@ -37,6 +37,7 @@ logger = logging.getLogger("lerobot_kit")
 class _InFlight:
     step: int
     future: Future[None]
+    needed: int  # bytes all ranks write for it, for the message if the disk fills up
 
 
 class CheckpointSaver:
@@ -70,13 +71,17 @@ class CheckpointSaver:
     def save(self, step: int, position: DataPosition) -> None:
         """Collective: every rank calls it at the same step."""
         if not self.background:
-            self.last = save_checkpoint(self.run, step, position) or self.last
+            needed = disk_space.check_room(self.run, step)
+            with disk_space.cleaned_up_when_full(self.run, step, needed):
+                self._published(save_checkpoint(self.run, step, position))
             return
         self.wait()  # the staged buffers are reused: the previous write must be done
-        with deferred_shard_writes(self._stager) as deferred:
-            write_checkpoint(self.run, step, position)
+        needed = disk_space.check_room(self.run, step)
+        with disk_space.cleaned_up_when_full(self.run, step, needed):
+            with deferred_shard_writes(self._stager) as deferred:
+                write_checkpoint(self.run, step, position)
         assert self._writer is not None
-        self._in_flight = _InFlight(step, self._writer.submit(write_deferred, deferred.writes, self._group))
+        self._in_flight = _InFlight(step, self._writer.submit(write_deferred, deferred.writes, self._group), needed)
 
     def poll(self) -> None:
         """Publish the checkpoint in flight if its writes are done; never waits, no collective.
@@ -106,10 +111,20 @@ class CheckpointSaver:
         try:
             in_flight.future.result()
         except BaseException as exc:  # DCP's CheckpointException is a BaseException
+            if disk_space.is_disk_full(exc):
+                raise disk_space.disk_full(self.run, in_flight.step, in_flight.needed) from None
+            cause = disk_space.root_error(exc)
             raise CheckpointError(
                 f"the background checkpoint of step {in_flight.step} failed, so it was not published "
-                f"({first_line(exc)}); the previous checkpoint is intact"
+                f"({type(cause).__name__}: {first_line(cause)}); the previous checkpoint is intact"
             ) from exc
         if self.run.ctx.is_main:
-            self.last = atomic.publish(self.run.output_dir, in_flight.step)
+            self._published(atomic.publish(self.run.output_dir, in_flight.step))
             logger.debug("checkpoint of step %d published", in_flight.step)
+
+    def _published(self, final: Path | None) -> None:
+        """After a publish (``final`` on the main process only): older step folders may go."""
+        if final is None:
+            return
+        self.last = final
+        retention.prune(self.run.output_dir, int(final.name), self.run.config.keep_last_checkpoints)

@@ -61,6 +61,11 @@ class ParallelismConfig(Section):
     cp: int = Field(1, ge=1, description="Context-parallel degree (mesh axis 'cp'); only 1 is supported yet.")
     tp: int = Field(1, ge=1, description="Tensor-parallel degree (mesh axis 'tp'); only 1 is supported yet.")
     timeout_s: int = Field(600, ge=1, description="Collective timeout in seconds; a hung rank fails the run after it.")
+    step_timeout_s: int | None = Field(
+        None, ge=1, description="A rank stuck in one training step (data, forward, backward, optimizer) longer "
+        "than this prints every thread's stack with its rank and step and exits 124, so the launcher restarts "
+        "the group; saves are not counted. Unset: no limit.",
+    )
 
 
 class GradientAccumulationConfig(Section):
@@ -136,6 +141,38 @@ class TrackioConfig(Section):
     project: str = Field("lerobot-kit", description="trackio project.")
 
 
+class PreemptionConfig(Section):
+    """How a run stops on request: at a step boundary that every rank agrees on, with a checkpoint."""
+
+    signals: list[str] = Field(
+        ["SIGTERM", "SIGUSR1"], description="Signals that stop the run at the next step boundary with a checkpoint "
+        "(exit code 75, so a scheduler requeues it); a second one more than 2 s later exits at once.",
+    )
+    interrupt: bool = Field(
+        True, description="Ctrl-C (SIGINT) stops like the signals above; false: Ctrl-C aborts at once, no checkpoint."
+    )
+
+    @field_validator("signals")
+    @classmethod
+    def _known_signals(cls, names: list[str]) -> list[str]:
+        import signal
+
+        for name in names:
+            if name not in signal.Signals.__members__:
+                raise ValueError(f"{name!r} is not a signal name (e.g. SIGTERM, SIGUSR1)")
+            if name in ("SIGKILL", "SIGSTOP"):
+                raise ValueError(f"{name} cannot be caught, so it cannot stop a run gracefully")
+            if name == "SIGINT":
+                raise ValueError("SIGINT (Ctrl-C) is set by --preemption.interrupt")
+        return names
+
+    def signal_numbers(self) -> tuple[int, ...]:
+        """Every signal that stops the run, Ctrl-C's included when ``interrupt``."""
+        import signal
+
+        return tuple(signal.Signals[name] for name in [*self.signals, *(["SIGINT"] if self.interrupt else [])])
+
+
 class TrainConfig(Section):
     policy: SerializeAsAny[PolicyConfig] = Field(default_factory=PolicyConfig)
     dataset: SerializeAsAny[DatasetConfig] = Field(default_factory=DatasetConfig)
@@ -145,6 +182,11 @@ class TrainConfig(Section):
         False, description="Resume the run in output_dir from checkpoints/last; auto: resume when it exists, else "
         "start (for schedulers that rerun one command). A torchrun or SLURM restart always resumes.",
     )
+    keep_last_checkpoints: int = Field(
+        0, ge=0, description="Keep only the newest K step folders (older ones are deleted once a newer one is "
+        "published; never the one `last` points to); 0 keeps all.",
+    )
+    preemption: PreemptionConfig = Field(default_factory=PreemptionConfig)
     config_path: str | None = Field(
         None, exclude=True, description="JSON config to start from (flags override it); a checkpoint's "
         "train_config.json with --resume=true resumes that checkpoint.",

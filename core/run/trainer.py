@@ -22,6 +22,7 @@ from lerobot_kit.core.run.components import RunComponents
 from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
 from lerobot_kit.core.distributed.process_group import all_reduce_mean
 from lerobot_kit.core.parallel.precision import autocast_dtype
+from lerobot_kit.core.run.guards import RunGuards
 from lerobot_kit.core.run.progress import Progress
 from lerobot_kit.core.run.tracking import Tracker
 
@@ -33,6 +34,7 @@ class TrainResult:
     steps_done: int
     logged: list[dict[str, float]] = field(default_factory=list)
     last_checkpoint: str | None = None
+    stopped_by: str | None = None  # the signal the ranks stopped on (core.run.preemption), else None
 
 
 class Trainer:
@@ -56,6 +58,7 @@ class Trainer:
         self.amp_dtype = autocast_dtype(config.accelerator)
         self.global_batch = config.batch_size * run.dims.dp_world_size
         self.saver = CheckpointSaver(run)
+        self.guards = RunGuards(run)  # stop on signals, hang watchdog: around the loop, not in it
 
     def _is_sync_step(self, step: int) -> bool:
         """Last micro-batch of an accumulation window, or the very last step of the run."""
@@ -101,7 +104,9 @@ class Trainer:
         window: dict[str, torch.Tensor] = {}
         window_steps, window_start, grad_norm, data_wait = 0, time.perf_counter(), None, 0.0
         run.parallel.module.train()
-        while self.step < config.steps:
+        self.guards.start()
+        while self.step < config.steps and not self.guards.stop_now():
+            self.guards.step_started(self.step + 1)
             sync = self._is_sync_step(self.step)
             wait_start = time.perf_counter()
             batch = next(self.batches)
@@ -109,6 +114,7 @@ class Trainer:
             loss, logs, norm = self._train_step(batch, sync)
             grad_norm = norm if norm is not None else grad_norm
             self.step += 1
+            self.guards.step_finished(self.step)
             self.position = self.sampler.advance(self.position, 1)
             for key, value in {"loss": loss, **logs}.items():
                 window[key] = window[key] + value if key in window else value
@@ -133,7 +139,12 @@ class Trainer:
             self.saver.poll()
             if config.save_checkpoint and (self.step % config.save_freq == 0 or self.step == config.steps):
                 self.saver.save(self.step, self.position)
+        stopped = self.guards.stopped_by
+        if stopped is not None and config.save_checkpoint and self.step % config.save_freq:
+            self.saver.save(self.step, self.position)  # where every rank agreed to stop
         last = self.saver.finish()
+        self.guards.finish()
+        result.stopped_by = stopped.name if stopped is not None else None
         result.last_checkpoint = str(last) if last else None
         progress.clear()
         result.steps_done = self.step

@@ -1,0 +1,160 @@
+"""A checkpoint that does not fit on the disk: refused before writing, or cleaned up after.
+
+Before a save, every rank estimates the bytes it is about to write (its share) from its
+live tensors, and the ranks compare shares with the free space of the checkpoint folder
+(one small all-gather). If any rank lacks room, every rank stops at once with the same
+line naming the folder, the bytes needed and the bytes free, before anything is written.
+
+The estimate cannot see other writers: ranks that share one disk each count only their
+own share, and other programs keep writing. So a write may still fail with ``ENOSPC``
+(``OSError`` from Python, ``SafetensorError`` from safetensors, a ``CheckpointException``
+from DCP wrapping one per rank). Then the main process removes the unfinished
+``NNNNNN.tmp`` folder — a full disk left full would make the retry fail the same way —
+and the run ends with the same kind of line; ``checkpoints/last`` was never touched.
+"""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lerobot_kit.core.checkpoint import atomic, paths
+from lerobot_kit.core.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from lerobot_kit.core.run.components import RunComponents
+
+# JSON files, processors, RNG state and safetensors headers, beyond the tensors counted.
+OTHER_FILES_BYTES = 1 << 20
+
+
+class DiskFullError(CheckpointError):
+    """The checkpoint does not fit on the disk; nothing of it is left behind."""
+
+
+def share_bytes(run: RunComponents) -> int:
+    """About how many bytes this rank writes for one checkpoint of ``run``.
+
+    Weights: the full tensors in the gathered file (main process; sharded runs under a
+    format with a gathered file; only the trainable ones for PEFT) and this rank's shards
+    (formats with DCP shards). Optimizer state: this rank's shards (sharded runs), else
+    the whole state on the main process. HSDP replicas hold the same shards and DCP has
+    each written once, spread over the replicas.
+    """
+    config, dims, is_main = run.config, run.dims, run.ctx.is_main
+    stored = [p for p in run.parallel.model.parameters() if p.requires_grad or config.peft.method_type is None]
+    full_weights = sum(p.numel() * p.element_size() for p in stored)
+    optimizer = sum(_local_bytes(v) for state in run.optimizer.state.values() for v in state.values())
+    if not dims.sharded:
+        return full_weights + optimizer + OTHER_FILES_BYTES if is_main else 0
+    gathered = config.checkpoint_format != "dcp"  # a plugin format may write both: counted as both
+    shards = config.checkpoint_format != "safetensors"
+    share = (optimizer + (sum(_local_bytes(p) for p in stored) if shards else 0)) // dims.dp_replicate
+    if is_main:
+        share += (full_weights if gathered else 0) + OTHER_FILES_BYTES
+    return share
+
+
+def _local_bytes(value: Any) -> int:
+    """Bytes of a tensor this rank holds (a DTensor's local shard); 0 for non-tensors."""
+    local = getattr(value, "to_local", None)
+    tensor = local() if callable(local) else value
+    return tensor.numel() * tensor.element_size() if hasattr(tensor, "element_size") else 0
+
+
+def free_bytes(folder: Path) -> int:
+    """Free bytes of the file system ``folder`` is (or will be) on."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    return shutil.disk_usage(existing).free
+
+
+def check_room(run: RunComponents, step: int) -> int:
+    """Collective, before a save: ``DiskFullError`` on every rank when some rank's share does
+    not fit in the free space it sees. Returns the bytes all ranks will write together."""
+    from lerobot_kit.core.distributed.process_group import all_gather_objects
+
+    folder = paths.checkpoints_root(run.output_dir)
+    mine = (run.ctx.rank, share_bytes(run), free_bytes(folder))
+    everyone = all_gather_objects(run.ctx, mine)
+    total = sum(needed for _, needed, _ in everyone)
+    short = [(rank, needed, free) for rank, needed, free in everyone if needed > free]
+    if short:
+        rank, needed, free = short[0]
+        raise DiskFullError(
+            f"checkpoint of step {step} not written: {folder} has {_mb(free)} free and rank {rank} needs about "
+            f"{_mb(needed)} for its part ({_mb(total)} for all ranks); {_last_text(run)}; free space or keep fewer "
+            "checkpoints (--keep_last_checkpoints), then resume"
+        )
+    return total
+
+
+@contextmanager
+def cleaned_up_when_full(run: RunComponents, step: int, needed_total: int) -> Iterator[None]:
+    """Around a checkpoint's writes: a full disk becomes one ``DiskFullError`` line, with the
+    temporary folder removed (main process). Other errors pass through unchanged."""
+    try:
+        yield
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException
+        if not is_disk_full(exc):
+            raise
+        raise disk_full(run, step, needed_total) from None
+
+
+def disk_full(run: RunComponents, step: int, needed_total: int) -> DiskFullError:
+    """The error for a save that ran out of space; removes its temporary folder (main process)."""
+    tmp = atomic.temp_step_dir(run.output_dir, step)
+    if run.ctx.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+    folder = paths.checkpoints_root(run.output_dir)
+    return DiskFullError(
+        f"checkpoint of step {step} not written: the disk of {folder} is full (No space left on device while "
+        f"writing it; it needs about {_mb(needed_total)}, {_mb(free_bytes(folder))} are free now that {tmp.name} "
+        f"is removed); {_last_text(run)}; free space or keep fewer checkpoints (--keep_last_checkpoints), then resume"
+    )
+
+
+def root_error(exc: BaseException) -> BaseException:
+    """What actually failed under ``exc``: DCP's own message names only the failing ranks."""
+    return next((e for e in underlying_errors(exc) if getattr(e, "failures", None) is None), exc)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` or anything it wraps is a write that found no space left."""
+    for error in underlying_errors(exc):
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(error) or "StorageFull" in str(error):
+            return True
+    return False
+
+
+def underlying_errors(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then the per-rank errors a DCP ``CheckpointException`` carries, then causes
+    and contexts, breadth first: the first one that wraps nothing is the real failure."""
+    seen: set[int] = set()
+    pending = [exc]
+    while pending:
+        error = pending.pop(0)
+        if error is None or id(error) in seen:
+            continue
+        seen.add(id(error))
+        yield error
+        failures = getattr(error, "failures", None)
+        if isinstance(failures, dict):
+            pending.extend(wrapped[0] if isinstance(wrapped, tuple) else wrapped for wrapped in failures.values())
+        pending.extend(e for e in (error.__cause__, error.__context__) if e is not None)
+
+
+def _last_text(run: RunComponents) -> str:
+    last = paths.last_checkpoint(run.output_dir)
+    return f"{paths.CHECKPOINTS_DIR}/{paths.LAST_LINK} still points to {last.name}" if last else "no checkpoint yet"
+
+
+def _mb(nbytes: int) -> str:
+    return f"{nbytes / 1e6:.1f} MB"

@@ -1,0 +1,180 @@
+"""Test-only: make one rank die or hang at a chosen point of a chosen step.
+
+The crash-safety claims (a rank killed anywhere, the run restarts and ends bit-identical
+to an uninterrupted one; a hung rank is reported and ended) are checked by killing real
+processes at real points of the loop. Nothing here runs unless ``LEROBOT_KIT_FAULT`` is
+set, which no user should do:
+
+    LEROBOT_KIT_FAULT="point=backward,step=25,rank=1[,action=kill|hang][,attempt=0]"
+
+- ``point``: ``forward`` (start of the model's forward), ``backward`` (when autograd
+  reaches the middle wrap unit, or the loss), ``optimizer`` (before ``optimizer.step``),
+  ``sync_save`` (while the checkpoint of ``step`` is being written, training blocked),
+  ``async_save`` (after training has moved on while the background write of the
+  checkpoint of ``step`` is still under way; needs ``--async_checkpoint=true`` on a
+  sharded run).
+- ``step``: the step number, counted as checkpoints are (the first step is 1).
+- ``rank``: the global rank that fails (default 0).
+- ``action``: ``kill`` (SIGKILL, default) or ``hang`` (blocks forever; not for saves).
+- ``attempt``: the launcher's restart count on which the fault fires (default 0, the
+  first start), so that a restarted run does not fail again at the same place.
+
+Before acting, a JSON line (rank, step, point, action, attempt, what was observed) is
+appended and fsynced to ``LEROBOT_KIT_FAULT_LOG`` when that is set, so a harness can
+tell where each trial really died. The points are torch hooks on the model and the
+optimizer and a thread that watches the checkpoint folder: the loop has no branch for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lerobot_kit.core.checkpoint import atomic
+from lerobot_kit.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from lerobot_kit.core.run.components import RunComponents
+
+ENV = "LEROBOT_KIT_FAULT"
+LOG_ENV = "LEROBOT_KIT_FAULT_LOG"
+POINTS = ("forward", "backward", "optimizer", "sync_save", "async_save")
+SAVE_POINTS = ("sync_save", "async_save")
+ACTIONS = ("kill", "hang")
+
+
+@dataclass(frozen=True)
+class Fault:
+    point: str
+    step: int
+    rank: int = 0
+    action: str = "kill"
+    attempt: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> Fault:
+        fields: dict[str, Any] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, eq, value = part.partition("=")
+            if not eq or key not in cls.__dataclass_fields__:
+                keys = ", ".join(cls.__dataclass_fields__)
+                raise ConfigError(f"{ENV}={text!r}: {part!r} is not key=value with a key among {keys}")
+            fields[key] = value if key in ("point", "action") else _int(text, key, value)
+        if "point" not in fields or "step" not in fields:
+            raise ConfigError(f"{ENV}={text!r}: point and step are required (e.g. point=backward,step=25,rank=1)")
+        fault = cls(**fields)
+        if fault.point not in POINTS or fault.action not in ACTIONS:
+            raise ConfigError(
+                f"{ENV}={text!r}: point is one of {', '.join(POINTS)}; action one of {', '.join(ACTIONS)}"
+            )
+        if fault.point in SAVE_POINTS and fault.action != "kill":
+            raise ConfigError(f"{ENV}={text!r}: a save point only supports action=kill")
+        return fault
+
+
+def _int(text: str, key: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{ENV}={text!r}: {key} must be an integer") from None
+
+
+class FaultInjector:
+    """Arms the hooks of one fault on this rank; ``step_started`` keeps it told of the step."""
+
+    def __init__(self, fault: Fault, run: RunComponents) -> None:
+        config = run.config
+        if fault.point in SAVE_POINTS and not (config.save_checkpoint and fault.step % config.save_freq == 0):
+            raise ConfigError(f"{ENV}: step {fault.step} is not a checkpoint step (--save_freq={config.save_freq})")
+        if fault.point == "async_save" and not (config.async_checkpoint and run.dims.sharded):
+            raise ConfigError(f"{ENV}: point=async_save needs --async_checkpoint=true on a sharded run")
+        self.fault = fault
+        self.run = run
+        self.step = 0
+        model = run.parallel.model
+        if fault.point == "forward":
+            model.register_forward_pre_hook(lambda module, args: self._at_step("model forward"))
+        elif fault.point == "backward":
+            _middle_module(run).register_forward_hook(self._hook_backward)
+        elif fault.point == "optimizer":
+            run.optimizer.register_step_pre_hook(lambda optimizer, args, kwargs: self._at_step("optimizer.step"))
+
+    def step_started(self, step: int) -> None:
+        self.step = step
+
+    def step_finished(self, step: int) -> None:
+        if self.fault.point in SAVE_POINTS and step == self.fault.step:
+            threading.Thread(target=self._watch_save, name="lerobot-fault-injection", daemon=True).start()
+
+    def _at_step(self, where: str) -> None:
+        if self.step == self.fault.step:
+            self._fire(where)
+
+    def _hook_backward(self, module: Any, args: Any, output: Any) -> None:
+        import torch
+
+        if self.step != self.fault.step or not torch.is_grad_enabled():
+            return
+        tensor = output if isinstance(output, torch.Tensor) else next(
+            (t for t in (output if isinstance(output, (tuple, list)) else ()) if isinstance(t, torch.Tensor)), None
+        )
+        if tensor is not None and tensor.requires_grad:
+            tensor.register_hook(lambda grad: self._fire("backward through the middle of the model"))
+
+    def _watch_save(self) -> None:
+        """Polls the checkpoint's temporary folder until the chosen moment of its write."""
+        tmp = atomic.temp_step_dir(self.run.output_dir, self.fault.step)
+        while True:
+            written = _has_file(tmp)
+            if self.fault.point == "sync_save" and written:
+                self._fire(f"{tmp.name} being written, training blocked")
+            if self.fault.point == "async_save" and self.step > self.fault.step:
+                if written:
+                    self._fire(f"{tmp.name} written in the background during step {self.step}")
+                if not tmp.exists():
+                    self._fire(f"step {self.step}, after the background write of step {self.fault.step} was published")
+            time.sleep(0.0005)
+
+    def _fire(self, observed: str) -> None:
+        record = {**asdict(self.fault), "observed": observed, "pid": os.getpid()}
+        log = os.environ.get(LOG_ENV)
+        if log:
+            with open(log, "a") as handle:
+                handle.write(json.dumps(record) + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+        if self.fault.action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        threading.Event().wait()  # hang: forever, as a deadlocked rank would
+
+
+def _middle_module(run: RunComponents) -> Any:
+    """The wrap unit in the middle of the model (else the model): killing when autograd
+    reaches it leaves some gradients reduced and others not."""
+    paths = run.parallel.wrap.paths
+    model = run.parallel.model
+    return model.get_submodule(paths[len(paths) // 2]) if paths else model
+
+
+def _has_file(folder: Path) -> bool:
+    try:
+        return any(files for _, _, files in os.walk(folder))
+    except OSError:
+        return False
+
+
+def from_env(run: RunComponents) -> FaultInjector | None:
+    """The fault ``LEROBOT_KIT_FAULT`` asks of this rank on this attempt, armed; else None."""
+    text = os.environ.get(ENV)
+    if not text:
+        return None
+    fault = Fault.parse(text)
+    if fault.rank != run.ctx.rank or fault.attempt != run.ctx.restart_count:
+        return None
+    return FaultInjector(fault, run)

@@ -1,0 +1,121 @@
+"""Stopping a run on request: at a step boundary every rank agrees on, with a checkpoint.
+
+Schedulers preempt a job by signalling it (SLURM: SIGTERM, then SIGKILL after a grace
+period; many sites send SIGUSR1 ahead of time) and expect it to be requeued and rerun.
+A signal may reach one rank (``kill`` of a worker) or all of them at slightly different
+moments, so no rank may stop on its own: each rank only records the request, and once
+per step the ranks all-reduce (MAX) a flag on a gloo group of their own. Every rank reads
+the same result after the same step, so all stop there, write one checkpoint and exit
+with ``STOPPED_EXIT_CODE``; the restarted run continues from that checkpoint.
+
+The all-reduce of step k is started before step k and read before step k+1, so it runs
+while step k computes and never stalls the loop (nor, under NCCL, synchronises the GPU):
+a request that arrives during step k stops the run after step k+1.
+
+Launchers relay the signal they receive to their workers (torchrun passes its SIGTERM or
+SIGINT on, and a terminal's Ctrl-C reaches every process of the foreground group), so one
+request often arrives twice within milliseconds; only a signal more than
+``REPEAT_GRACE_S`` after the first counts as a second one, which ends the process at once
+without a checkpoint (the previous one stays intact).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from types import FrameType
+from typing import Any
+
+from lerobot_kit.core.config.schema import PreemptionConfig
+from lerobot_kit.core.errors import LerobotError
+
+# sysexits.h EX_TEMPFAIL: "a temporary failure; the user is invited to retry".
+STOPPED_EXIT_CODE = 75
+REPEAT_GRACE_S = 2.0
+
+
+class RunStopped(LerobotError):
+    """The run stopped on a signal after saving; rerunning the same command continues it."""
+
+    exit_code = STOPPED_EXIT_CODE
+
+
+class StopSignals:
+    """Signal handlers that record a stop request (main thread only: Python's rule)."""
+
+    def __init__(self, config: PreemptionConfig, rank: int) -> None:
+        self.signals = [signal.Signals(n) for n in config.signal_numbers()]
+        self.rank = rank
+        self.received: signal.Signals | None = None
+        self._received_at = 0.0
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def install(self) -> None:
+        for signum in self.signals:
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if self.received is None:
+            self.received, self._received_at = signal.Signals(signum), now
+            _say(f"rank {self.rank}: {self.received.name} received; stopping at the next step boundary with a "
+                 f"checkpoint (a second signal ends the run at once, without one)")
+            return
+        if now - self._received_at < REPEAT_GRACE_S:
+            return  # the same request, relayed by a launcher
+        _say(f"rank {self.rank}: {signal.Signals(signum).name} received again; exiting now without a checkpoint")
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+class StopAgreement:
+    """Once per step, whether any rank has a stop request; the same answer on every rank."""
+
+    def __init__(self, requests: StopSignals, distributed: bool) -> None:
+        self.requests = requests
+        self.agreed: signal.Signals | None = None
+        self._group: Any = None
+        self._pending: Any = None
+        self._flag: Any = None
+        if distributed:
+            import torch.distributed as dist
+
+            # Collective: every rank creates it at the same point of start-up. gloo on the CPU,
+            # so reading the flag never waits for an accelerator.
+            self._group = dist.new_group(backend="gloo")
+
+    def stop_now(self) -> bool:
+        """Call once per step on every rank, before the step; true: stop here."""
+        if self._group is None:
+            self.agreed = self.requests.received
+            return self.agreed is not None
+        import torch
+        import torch.distributed as dist
+
+        if self._pending is not None:
+            self._pending.wait()
+            agreed = int(self._flag.item())
+            if agreed:
+                self.agreed, self._pending = signal.Signals(agreed), None
+                return True
+        local = self.requests.received
+        self._flag = torch.tensor([int(local) if local is not None else 0], dtype=torch.int32)
+        self._pending = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+        return False
+
+    def close(self) -> None:
+        """Let the last all-reduce finish (every rank started it) before the group goes away."""
+        if self._pending is not None:
+            self._pending.wait()
+            self._pending = None
+
+
+def _say(line: str) -> None:
+    """Straight to stderr: this runs inside a signal handler, and other ranks log errors only."""
+    os.write(2, (line + "\n").encode())
