@@ -1,14 +1,17 @@
 """``lerobot plan``: the sharding plan and per-rank memory of a run, without launching it.
 
-Takes every ``train`` flag plus ``--world_size=N`` (the processes you would launch) and
-``--json``; nothing is trained or written. Torch is imported only when a plan is computed.
+Takes every ``train`` flag plus ``--world_size=N`` (the processes you would launch),
+``--plan.device_memory_gb=N`` and ``--json``; nothing is trained or written. Torch is
+imported only when a plan is computed.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import click
@@ -17,19 +20,25 @@ from lerobot_kit.cli.errors import user_errors
 from lerobot_kit.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from lerobot_kit.core.parallel.memory_plan import RankBytes, ShardingPlan
+    from lerobot_kit.core.parallel.activation_plan import ActivationPlan
+    from lerobot_kit.core.parallel.memory_plan import RankBytes, RunPlan, ShardingPlan
 
 USAGE = """\
-Usage: lerobot plan --world_size=N [--json] [TRAIN FLAGS...]
+Usage: lerobot plan --world_size=N [--plan.device_memory_gb=G] [--json] [TRAIN FLAGS...]
 
   Print the sharding plan of a run on N processes: the FSDP wrap units and their
-  parameter counts, and the parameter, gradient and AdamW-state bytes each rank holds
-  in the chosen layout beside DDP. Runs in one process on any machine (the model is
-  built on torch's meta device); nothing is trained or written.
+  parameter counts, the parameter, gradient and AdamW-state bytes each rank holds in
+  the chosen layout beside DDP, and the peak activation memory of one step at
+  --batch_size with and without activation checkpointing. Runs in one process on any
+  machine (the model is built on torch's meta device, the step traced on fake
+  tensors); nothing is trained or written.
 
 Options:
-  --world_size=N  Processes the run would launch (dp_replicate × dp_shard must equal N).
-  --json          One JSON object instead of the table, for scripts.
+  --world_size=N             Processes the run would launch (dp_replicate × dp_shard must equal N).
+  --plan.device_memory_gb=G  Also print the largest --batch_size whose step fits G GiB per rank
+                             (parameters, gradients, AdamW state and activations; checkpointed
+                             when --accelerator.activation_checkpointing=true).
+  --json                     One JSON object instead of the table, for scripts.
 
 Every `lerobot train` flag applies and is validated as train validates it
 (`lerobot train --help` lists them), e.g.:
@@ -39,28 +48,39 @@ Every `lerobot train` flag applies and is validated as train validates it
 """
 
 WORLD_SIZE_FLAG = "world_size"
+DEVICE_MEMORY_FLAG = "plan.device_memory_gb"
 JSON_FLAG = "json"
+_VALUE_FLAGS = (WORLD_SIZE_FLAG, DEVICE_MEMORY_FLAG)
 
 
-def split_plan_flags(args: list[str]) -> tuple[int | None, bool, list[str]]:
-    """Take ``--world_size`` and ``--json`` out of ``args``; the rest are train flags.
+@dataclass(frozen=True)
+class PlanFlags:
+    world_size: int | None
+    as_json: bool
+    device_memory_gb: float | None
+    train_args: list[str]
+
+
+def split_plan_flags(args: list[str]) -> PlanFlags:
+    """Take the plan's own flags out of ``args``; the rest are train flags.
 
     Done before the train parser sees them: ``--json`` has no value, which the dotted
-    flag syntax would reject.
+    flag syntax would reject, and ``--plan.*`` is no section of the train config.
     """
-    world_size: str | None = None
+    values: dict[str, str] = {}
     as_json = False
     rest: list[str] = []
     i = 0
     while i < len(args):
         key, eq, value = args[i].partition("=")
-        if key == f"--{WORLD_SIZE_FLAG}":
+        name = key.removeprefix("--")
+        if key.startswith("--") and name in _VALUE_FLAGS:
             if not eq:
                 if i + 1 >= len(args) or args[i + 1].startswith("--"):
-                    raise ConfigError(f"--{WORLD_SIZE_FLAG} has no value: write --{WORLD_SIZE_FLAG}=N")
+                    raise ConfigError(f"--{name} has no value: write --{name}=N")
                 value = args[i + 1]
                 i += 1
-            world_size = value
+            values[name] = value
         elif key == f"--{JSON_FLAG}":
             if eq and value.lower() not in ("true", "false"):
                 raise ConfigError(f"--{JSON_FLAG}={value}: expected true or false (or plain --{JSON_FLAG})")
@@ -68,11 +88,27 @@ def split_plan_flags(args: list[str]) -> tuple[int | None, bool, list[str]]:
         else:
             rest.append(args[i])
         i += 1
-    if world_size is None:
-        return None, as_json, rest
-    if not world_size.isdigit() or int(world_size) < 1:
-        raise ConfigError(f"--{WORLD_SIZE_FLAG}={world_size}: expected a positive number of processes")
-    return int(world_size), as_json, rest
+    return PlanFlags(
+        _world_size(values.get(WORLD_SIZE_FLAG)), as_json, _device_memory_gb(values.get(DEVICE_MEMORY_FLAG)), rest
+    )
+
+
+def _world_size(value: str | None) -> int | None:
+    if value is not None and (not value.isdigit() or int(value) < 1):
+        raise ConfigError(f"--{WORLD_SIZE_FLAG}={value}: expected a positive number of processes")
+    return None if value is None else int(value)
+
+
+def _device_memory_gb(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        gib = float(value)
+    except ValueError:
+        gib = math.nan
+    if not (math.isfinite(gib) and gib > 0):
+        raise ConfigError(f"--{DEVICE_MEMORY_FLAG}={value}: expected a positive number of GiB per rank, e.g. 80")
+    return gib
 
 
 def human_bytes(n: int) -> str:
@@ -140,7 +176,56 @@ def _memory_lines(plan: ShardingPlan) -> list[str]:
     return lines
 
 
-def format_plan(plan: ShardingPlan) -> list[str]:
+def _batch_text(acts: ActivationPlan) -> str:
+    def shape(dims: tuple[int, ...]) -> str:
+        return "[" + ", ".join(str(d) for d in (acts.batch_size, *dims)) + "]"
+
+    return ", ".join(f"{key} {shape(dims)} {str(dtype).removeprefix('torch.')}" for key, (dims, dtype) in acts.item.items())
+
+
+def _activation_lines(acts: ActivationPlan, device_bytes: int, gib: float | None) -> list[str]:
+    """The traced peak at --batch_size with and without checkpointing, and the batch fit."""
+    from lerobot_kit.core.parallel.activation_plan import COUNTED
+
+    lines = [f"activations per rank at --batch_size={acts.batch_size}, one forward and backward on a batch like "
+             f"the dataset's: {_batch_text(acts)}"]
+    if acts.not_traced is not None:
+        lines.append(f"  not traced: {acts.not_traced}")
+    else:
+        rows = [("without activation checkpointing", acts.peak_bytes, "", not acts.checkpointing)]
+        if acts.checkpointed_peak_bytes is not None:
+            rows.append(("with activation checkpointing", acts.checkpointed_peak_bytes,
+                         f", {acts.checkpoint_units} wrap units checkpointed", acts.checkpointing))
+        for label, peak, units, chosen in rows:
+            assert peak is not None  # traced
+            flags = "  ← as the flags set" if chosen else ""
+            lines.append(f"  {label:<33} {human_bytes(peak):>12}  (with the rows above "
+                         f"{human_bytes(device_bytes + peak)}{units}){flags}")
+        if acts.no_checkpointing is not None:
+            lines.append(f"  with activation checkpointing: {acts.no_checkpointing}")
+    lines.append(f"  counted: {COUNTED}; traced on fake tensors with CPU kernels, without torch.compile")
+    if gib is not None:
+        lines.append(_fit_line(acts, gib))
+    return lines
+
+
+def _fit_line(acts: ActivationPlan, gib: float) -> str:
+    fit = acts.fit
+    how = "with" if acts.checkpointing else "without"
+    where = f"{gib:g} GiB per rank ({how} activation checkpointing, as the flags set)"
+    if fit is None:
+        return f"largest --batch_size in {where}: unknown, the step was not traced"
+    if fit.largest is None:
+        return (f"does not fit: --batch_size=1 needs {human_bytes(fit.needs(1))} per rank in {where} "
+                f"(parameters, gradients and AdamW state {human_bytes(fit.fixed_bytes)} + activations "
+                f"{human_bytes(fit.traced[1])})")
+    following = fit.largest + 1
+    return (f"largest --batch_size in {where}: {fit.largest}, needing {human_bytes(fit.needs(fit.largest))}; "
+            f"{following} needs {human_bytes(fit.needs(following))} (both traced)")
+
+
+def format_plan(run_plan: RunPlan, device_memory_gb: float | None = None) -> list[str]:
+    plan = run_plan.sharding
     dims = plan.dims
     lines = [
         f"plan: {plan.policy_class} | layout {dims.layout} | world {dims.world_size} "
@@ -161,7 +246,11 @@ def format_plan(plan: ShardingPlan) -> list[str]:
     if plan.cpu_offload:
         kept = " (ignored modules stay on the device)" if plan.ignored_modules else ""
         lines.append(f"cpu_offload: the sharded parameters, gradients and AdamW state live in CPU memory{kept}")
-    lines.append("not counted: buffers, activations, DDP/FSDP communication buffers")
+    lines += _activation_lines(run_plan.activations, plan.device_bytes, device_memory_gb)
+    lines.append(
+        "not counted: buffers, DDP/FSDP communication buffers and gathered units, the CUDA context and the "
+        "allocator's cache: leave headroom"
+    )
     return lines
 
 
@@ -170,19 +259,19 @@ def run_plan(args: list[str]) -> None:
         if "--help" in args or "-h" in args:
             click.echo(USAGE, nl=False)
             return
-        world_size, as_json, train_args = split_plan_flags(args)
-        if world_size is None:
+        flags = split_plan_flags(args)
+        if flags.world_size is None:
             raise ConfigError(
                 f"lerobot plan needs --{WORLD_SIZE_FLAG}=N, the number of processes the run would launch"
             )
         from lerobot_kit.core.config.flags import parse_train_config
         from lerobot_kit.core.parallel.memory_plan import plan_run
 
-        plan = plan_run(parse_train_config(train_args), world_size)
-        if as_json:
+        plan = plan_run(parse_train_config(flags.train_args), flags.world_size, flags.device_memory_gb)
+        if flags.as_json:
             click.echo(json.dumps(plan.to_json(), indent=2))
         else:
-            click.echo("\n".join(format_plan(plan)))
+            click.echo("\n".join(format_plan(plan, flags.device_memory_gb)))
 
 
 @click.command(

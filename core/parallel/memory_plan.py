@@ -11,13 +11,17 @@ shard's shape and the parameter's dtype (FSDP2 casts reduced gradients back to i
 AdamW keeps ``exp_avg`` and ``exp_avg_sq`` of the shard's shape plus a 0-dim float32
 ``step`` per parameter tensor. Ignored modules and every DDP/single rank hold everything
 in full. HSDP shards over ``dp_shard`` only; replicas repeat the shards.
+
+Activations are planned beside the sharding (``activation_plan``): one step of the
+policy traced on fake tensors at ``--batch_size``, with and without activation
+checkpointing, and on request the largest batch a device of a given size holds.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -26,6 +30,9 @@ from lerobot_kit.core.config.schema import AcceleratorConfig, TrainConfig
 from lerobot_kit.core.parallel.precision import build_mp_policy
 from lerobot_kit.core.parallel.dims import ParallelDims
 from lerobot_kit.core.parallel.wrap_units import WrapUnits
+
+if TYPE_CHECKING:
+    from lerobot_kit.core.parallel.activation_plan import ActivationPlan
 
 # torch.optim.AdamW (not fused, not capturable) keeps ``step`` as a float32 0-dim tensor per parameter.
 _STEP_BYTES = torch.tensor(0.0, dtype=torch.float32).element_size()
@@ -72,6 +79,7 @@ class ShardingPlan:
     largest_gather_bytes: int | None  # the largest unit (root included) gathered in full, in gather_dtype
     largest_gather_unit: str | None  # its path; "" is the root
     cpu_offload: bool
+    device_bytes: int  # parameters, gradients and AdamW state on the device: per_rank, less what cpu_offload moves
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -91,6 +99,7 @@ class ShardingPlan:
             "largest_gather_bytes": self.largest_gather_bytes,
             "largest_gather_unit": self.largest_gather_unit,
             "cpu_offload": self.cpu_offload,
+            "device_bytes": self.device_bytes,
             "per_rank": self.per_rank.to_json(),
             "ddp_per_rank": self.ddp_per_rank.to_json(),
         }
@@ -138,6 +147,7 @@ def plan_model(model: nn.Module, dims: ParallelDims, accel: AcceleratorConfig, w
         return ShardingPlan(
             **plan_kw, wrap_source="", units=[], root_params=0, ignored_modules=[], ignored_params=0,
             per_rank=ddp, gather_dtype=None, largest_gather_bytes=None, largest_gather_unit=None,
+            device_bytes=ddp.total_bytes,
         )
     units, source, ignored_paths = list(wrap.paths), wrap.source, list(wrap.ignored_modules)
     ignored = set(wrap.ignored_params(model))
@@ -153,6 +163,9 @@ def plan_model(model: nn.Module, dims: ParallelDims, accel: AcceleratorConfig, w
     largest = max(gathered, key=lambda path: gathered[path])
     gather_dtypes = {cast} if cast is not None else {p.dtype for p in params if p not in ignored}
     shards_of = {id(p): dims.dp_shard for p in params if p not in ignored}
+    per_rank = _rank_bytes(params, shards_of)
+    # cpu_offload keeps the shards, their gradients and AdamW state in CPU memory; ignored modules stay.
+    on_device = _rank_bytes(list(ignored), {}) if plan_kw["cpu_offload"] else per_rank
     return ShardingPlan(
         **plan_kw,
         wrap_source=source,
@@ -160,21 +173,38 @@ def plan_model(model: nn.Module, dims: ParallelDims, accel: AcceleratorConfig, w
         root_params=managed[""],
         ignored_modules=ignored_paths,
         ignored_params=sum(p.numel() for p in ignored),
-        per_rank=_rank_bytes(params, shards_of),
+        per_rank=per_rank,
         gather_dtype="/".join(sorted(str(d).removeprefix("torch.") for d in gather_dtypes)),
         largest_gather_bytes=gathered[largest],
         largest_gather_unit=largest,
+        device_bytes=on_device.total_bytes,
     )
 
 
-def plan_run(config: TrainConfig, world_size: int) -> ShardingPlan:
+@dataclass(frozen=True)
+class RunPlan:
+    sharding: ShardingPlan
+    activations: ActivationPlan
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.sharding.to_json(), "activations": self.activations.to_json()}
+
+
+def plan_run(config: TrainConfig, world_size: int, device_memory_gb: float | None = None) -> RunPlan:
     """The plan of the run ``lerobot train`` would start on ``world_size`` processes: the
-    same spec and the same model assembly (PEFT adapters included), on the meta device."""
-    from lerobot_kit.core.model.build import build_model
+    same spec, the same model assembly (PEFT adapters included) on the meta device and
+    the same preprocessor; with ``device_memory_gb``, the largest ``--batch_size`` whose
+    step fits a device of that many GiB."""
     from lerobot_kit.core.data.build import build_dataset
+    from lerobot_kit.core.model.build import build_model
+    from lerobot_kit.core.model.processor import make_processors
+    from lerobot_kit.core.parallel.activation_plan import plan_activations
     from lerobot_kit.core.run.spec import resolve_run
 
     spec = resolve_run(config, world_size)
     dataset = build_dataset(config)
     built = build_model(spec, dataset.meta, torch.device("meta"))
-    return plan_model(built.model, spec.dims, config.accelerator, built.wrap)
+    sharding = plan_model(built.model, spec.dims, config.accelerator, built.wrap)
+    preprocessor, _ = make_processors(config.policy, dataset.meta)
+    activations = plan_activations(built, spec, dataset.meta, preprocessor, sharding.device_bytes, device_memory_gb)
+    return RunPlan(sharding, activations)

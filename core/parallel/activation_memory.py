@@ -1,0 +1,158 @@
+"""Per-rank peak memory of one training step's activations, from a trace on fake tensors.
+
+``lerobot plan`` cannot run the step for real: the model may not fit the machine that
+plans it. So the policy (built on the meta device, as for the sharding plan) is given
+``FakeTensorMode`` parameters — tensors with shapes, dtypes and storages but no data —
+and one step runs on them exactly as the trainer runs it: a batch shaped like the
+dataset's items, the preprocessor, the forward under the run's autocast, and the
+backward. ``StorageTimeline`` follows every storage the step allocates and frees, so
+the peak holds the batch on the device, the activations, the tensors autograd saves
+for the backward and the temporaries alive at that moment, and nothing else:
+parameters exist before the step, and the storages that end as parameter gradients are
+taken out (the plan counts gradients at their sharded size).
+
+What the run changes is applied to the traced copy the way the run applies it:
+activation checkpointing with the run's own ``apply_activation_checkpointing`` on the
+wrap units, and, for sharded layouts, what FSDP2's ``MixedPrecisionPolicy`` does to
+compute — parameters gathered in ``param_dtype`` (ignored modules keep theirs) and each
+FSDP module's floating-point inputs cast to it (``cast_forward_inputs``), outputs to
+``output_dtype``. Kernels are CPU kernels (fake CUDA tensors need a CUDA build), and
+``--accelerator.compile`` is not traced: compiled units fuse some temporaries away.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
+from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.utils._pytree import tree_map
+
+from lerobot_kit.core.data.dataset import DatasetMeta, pad_key
+from lerobot_kit.core.data.windows import expand_delta_indices
+from lerobot_kit.core.errors import ConfigError
+from lerobot_kit.core.parallel.activation_checkpointing import apply_activation_checkpointing
+from lerobot_kit.core.parallel.live_bytes import StorageTimeline
+
+ItemShapes = dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+class UntraceableStep(Exception):
+    """The policy's step reads tensor values (``if x.any():``), which a shape-only trace has not."""
+
+
+def item_shapes(meta: DatasetMeta, delta_indices: dict[str, list[int]]) -> ItemShapes:
+    """Shape and dtype of every tensor of one dataset item, from the metadata alone (no frame
+    is read), following ``PolicyDataset``'s item contract: images as float32, features the
+    policy stacks over frame offsets as ``[offsets, *shape]`` with a bool ``_is_pad`` mask,
+    and the int64 ``episode_index`` / ``index`` scalars."""
+    offsets = expand_delta_indices(delta_indices, {k: f.is_image for k, f in meta.features.items()})
+    shapes: ItemShapes = {}
+    for key, spec in meta.features.items():
+        dtype = torch.float32 if spec.is_image else getattr(torch, spec.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ConfigError(
+                f"dataset feature {key!r} has dtype {spec.dtype!r}, which is no torch dtype: lerobot plan cannot "
+                "shape a batch of it"
+            )
+        if key in offsets:
+            steps = len(offsets[key])
+            shapes[key] = ((steps, *spec.shape), dtype)
+            shapes[pad_key(key)] = ((steps,), torch.bool)
+        else:
+            shapes[key] = (tuple(spec.shape), dtype)
+    shapes["episode_index"] = shapes["index"] = ((), torch.int64)
+    return shapes
+
+
+@dataclass(frozen=True)
+class FSDPCompute:
+    """What FSDP2 changes in the forward of a sharded run: its precision policy, the paths
+    of the FSDP modules (wrap units and the root ``""``) and of the ignored modules."""
+
+    policy: MixedPrecisionPolicy
+    fsdp_modules: tuple[str, ...]
+    ignored_modules: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TrainStep:
+    """One micro-step of a run, as the trainer takes it, minus the data."""
+
+    model: nn.Module  # on the meta device; copied, never changed
+    preprocessor: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+    item: ItemShapes
+    autocast: torch.dtype | None  # --accelerator.mixed_precision
+    fsdp: FSDPCompute | None  # sharded layouts with a precision policy
+
+
+class StepTracer:
+    """Peak activation bytes of ``step`` at any batch size, with or without checkpointing.
+
+    The fake model is made once and reused by every trace (gradients cleared between
+    them), because giving a large policy fake parameters costs as much as a trace.
+    """
+
+    def __init__(self, step: TrainStep, checkpoint_units: Sequence[str] | None) -> None:
+        self._step = step
+        self._mode = FakeTensorMode(allow_non_fake_inputs=True)  # the processor's stats are real tensors
+        self._model = copy.deepcopy(step.model)
+        if checkpoint_units:
+            apply_activation_checkpointing(self._model, list(checkpoint_units))
+        with self._mode:
+            self._model.to_empty(device="cpu")
+            if step.fsdp is not None:
+                _compute_like_fsdp(self._model, step.fsdp)
+
+    def peak_bytes(self, batch_size: int) -> int:
+        step, model = self._step, self._model
+        timeline = StorageTimeline()
+        autocast = (
+            torch.autocast(device_type="cpu", dtype=step.autocast) if step.autocast else contextlib.nullcontext()
+        )
+        try:
+            with self._mode, timeline:
+                batch = {k: torch.empty((batch_size, *shape), dtype=dtype) for k, (shape, dtype) in step.item.items()}
+                batch = step.preprocessor(batch)
+                with autocast:
+                    loss, _logs = model(batch)
+                loss.backward()
+        except (DataDependentOutputException, DynamicOutputShapeException) as exc:
+            raise UntraceableStep(f"the policy's step depends on tensor values ({exc})") from None
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        peak = timeline.peak_bytes(excluding=grads)
+        model.zero_grad(set_to_none=True)
+        return peak
+
+
+def _cast_floats(dtype: torch.dtype, tree: Any) -> Any:
+    """FSDP2's cast: floating-point tensors to ``dtype``, anything else as it is."""
+    return tree_map(lambda x: x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x, tree)
+
+
+def _compute_like_fsdp(model: nn.Module, fsdp: FSDPCompute) -> None:
+    """Give ``model`` (fake) the dtypes FSDP2 computes in: managed floating-point
+    parameters in ``param_dtype``, and each FSDP module's inputs and outputs cast as
+    its policy says. Hooks sit on the modules themselves, outside any checkpointed
+    forward, where ``fully_shard`` puts its own."""
+    policy = fsdp.policy
+    kept = {id(p) for path in fsdp.ignored_modules for p in model.get_submodule(path).parameters()}
+    if policy.param_dtype is not None:
+        for param in model.parameters():
+            if id(param) not in kept and param.is_floating_point():
+                param.data = torch.empty_like(param, dtype=policy.param_dtype)
+    for path in fsdp.fsdp_modules:
+        module = model.get_submodule(path)
+        if policy.cast_forward_inputs and policy.param_dtype is not None:
+            cast_in = functools.partial(_cast_floats, policy.param_dtype)
+            module.register_forward_pre_hook(lambda _m, args, kwargs, f=cast_in: f((args, kwargs)), with_kwargs=True)
+        if policy.output_dtype is not None:
+            cast_out = functools.partial(_cast_floats, policy.output_dtype)
+            module.register_forward_hook(lambda _m, _args, output, f=cast_out: f(output))
