@@ -12,7 +12,9 @@ Stable:
 * hooks: ``hookimpl``, the marker of a plugin's ``lerobot_register_*`` functions;
 * configs: ``TrainConfig``, ``PolicyConfig``, ``DatasetConfig``, ``parse_train_config``;
 * running pieces: ``build_dataset``, ``build_policy``, ``load_pretrained``;
-* policy contract: ``Policy`` (see its docstring and the example plugin's README);
+* policy contract: ``Policy`` (see its docstring and the example plugin's README), and
+  ``PolicyProcessor``, the processor interface a policy's ``make_processors`` returns
+  (a callable on batches with ``save(directory, name)``);
 * dataset contract: ``PolicyDataset``, ``InMemoryDataset``, ``DatasetMeta``,
   ``FeatureSpec``, ``compute_stats``, the item keys ``STATE_KEY``, ``ACTION_KEY``,
   ``IMAGE_PREFIX`` and ``pad_key``;
@@ -28,7 +30,7 @@ Stable:
 
 Importing this module does not import torch, so a plugin's hook module and config
 classes stay light (``lerobot --help`` imports every plugin). The names that need torch
-(``Policy``, ``CheckpointFormat``, the weight I/O, ``is_peft_model``) are imported on
+(``Policy``, ``PolicyProcessor``, ``CheckpointFormat``, the weight I/O, ``is_peft_model``) are imported on
 first access; ``from lerobot_kit.api import *`` takes them all, and so imports torch.
 """
 
@@ -67,6 +69,7 @@ if TYPE_CHECKING:
 # Torch-backed names: (module, attribute), imported on first access by ``__getattr__``.
 _LAZY: dict[str, tuple[str, str]] = {
     "Policy": ("lerobot_kit.core.model.policy", "Policy"),
+    "PolicyProcessor": ("lerobot_kit.core.model.processor", "PolicyProcessor"),
     "CheckpointFormat": ("lerobot_kit.core.checkpoint.weights", "CheckpointFormat"),
     "write_gathered": ("lerobot_kit.core.checkpoint.weights", "write_gathered"),
     "write_shards": ("lerobot_kit.core.checkpoint.weights", "write_shards"),
@@ -96,6 +99,7 @@ __all__ = [
     "Policy",
     "PolicyConfig",
     "PolicyDataset",
+    "PolicyProcessor",
     "TrainConfig",
     "build_dataset",
     "build_policy",

@@ -61,6 +61,26 @@ class Policy(nn.Module):
         self.config = config
         self.meta = meta
 
+    @classmethod
+    def make_processors(cls, config: PolicyConfig, meta: DatasetMeta) -> tuple[PolicyProcessor, PolicyProcessor]:
+        """The preprocessor a run applies to every batch, and the postprocessor of actions.
+
+        The default normalises with the dataset's stats (``core.model.processor``). A
+        policy that brings another library's normalisation overrides this, so the run
+        trains with it and its checkpoints hold that library's processor files.
+        """
+        from lerobot_kit.core.model.processor import make_processors
+
+        return make_processors(config, meta)
+
+    def save_config(self, directory: Path) -> None:
+        """Write ``config.json`` into a ``pretrained_model/`` folder: the config as JSON.
+
+        A policy wrapping another library's model writes that library's config instead,
+        so that the library loads the folder as its own.
+        """
+        _write_json(Path(directory) / POLICY_CONFIG, self.config.model_dump(mode="json"))
+
     def init_weights(self) -> None:
         """(Re)initialise every parameter and buffer from the current torch RNG, in module order.
 
@@ -118,6 +138,13 @@ def feature_dims(meta: DatasetMeta, policy_name: str) -> tuple[list[str], int, i
     return image_keys, state_dim, meta.features[ACTION_KEY].shape[0]
 
 
+def make_policy_processors(config: PolicyConfig, meta: DatasetMeta) -> tuple[PolicyProcessor, PolicyProcessor]:
+    """The processors of the policy registered under ``config.type`` (``Policy.make_processors``)."""
+    from lerobot_kit.core.registry.registry import get_registry
+
+    return get_registry().policy(config.type).load().make_processors(config, meta)
+
+
 def make_policy(config: PolicyConfig, meta: DatasetMeta) -> Policy:
     """Construct the policy registered under ``config.type`` (on the current default device)."""
     from lerobot_kit.core.registry.registry import get_registry
@@ -144,7 +171,7 @@ def save_pretrained(
     inner = next((m for m in policy.modules() if isinstance(m, Policy)), None)
     if inner is None:
         raise TypeError(f"save_pretrained needs a Policy (or a wrapper around one), got {type(policy).__name__}")
-    _write_json(directory / POLICY_CONFIG, inner.config.model_dump(mode="json"))
+    inner.save_config(directory)
     _write_json(directory / DATASET_META, meta.to_json())
     if preprocessor is not None:
         preprocessor.save(directory, PREPROCESSOR)

@@ -96,13 +96,13 @@ class PreparedRun:
 
 def prepare_run(config: TrainConfig, ctx: DistContext) -> PreparedRun:
     """Everything before the loop; collective. Also the entry for tools that inspect a run."""
-    from lerobot_kit.core.model.processor import make_processors
     from lerobot_kit.core.data.build import build_dataset
+    from lerobot_kit.core.model.policy import make_policy_processors
 
     spec = agree_on_spec(config, ctx)
     dims = spec.dims
     dataset = build_dataset(config)
-    preprocessor, postprocessor = make_processors(config.policy, dataset.meta)
+    preprocessor, postprocessor = make_policy_processors(config.policy, dataset.meta)
     parallel = _parallel_model(spec, ctx, dataset.meta)
     params = [p for p in parallel.model.parameters() if p.requires_grad]
     optimizer = build_optimizer(params, config.optimizer)

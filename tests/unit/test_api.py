@@ -15,14 +15,14 @@ from conftest import TINY_ACT
 # deliberate change here, not a side effect of reorganising core.
 STABLE = {
     "hookimpl", "TrainConfig", "PolicyConfig", "DatasetConfig", "parse_train_config", "build_dataset",
-    "build_policy", "load_pretrained", "Policy", "PolicyDataset", "InMemoryDataset", "DatasetMeta", "FeatureSpec",
+    "build_policy", "load_pretrained", "Policy", "PolicyProcessor", "PolicyDataset", "InMemoryDataset", "DatasetMeta", "FeatureSpec",
     "compute_stats", "STATE_KEY", "ACTION_KEY", "IMAGE_PREFIX", "pad_key", "CheckpointFormat", "write_gathered",
     "write_shards", "load_any_weights", "read_safetensors", "is_peft_model", "MODEL_WEIGHTS", "ADAPTER_WEIGHTS",
     "DCP_MODEL_DIR", "Launcher", "LaunchEnv", "env_int", "LerobotError", "ConfigError", "CheckpointError",
     "PluginError",
 }
 
-LAZY = {"Policy", "CheckpointFormat", "write_gathered", "write_shards", "load_any_weights", "read_safetensors",
+LAZY = {"Policy", "PolicyProcessor", "CheckpointFormat", "write_gathered", "write_shards", "load_any_weights", "read_safetensors",
         "is_peft_model"}
 TORCH_FREE = f"""
 import sys

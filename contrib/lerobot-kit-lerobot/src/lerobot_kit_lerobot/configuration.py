@@ -1,0 +1,130 @@
+"""One pydantic config class per bridged LeRobot policy, built from ``schemas.json``.
+
+Every field of LeRobot's config dataclass becomes a typed flag of the same name and
+default (``--policy.dim_model=256``): pydantic checks its type, and an unknown flag gets
+lerobot-kit's "did you mean" error. Cross-field rules stay LeRobot's: after the types
+are checked, the values are handed to LeRobot's own dataclass, and what its
+``__post_init__`` refuses is reported as a flag error too.
+
+``--policy.path`` may name a checkpoint LeRobot wrote (or one of ours, which has
+LeRobot's ``config.json``): the fields not given as flags are read from its
+``config.json``, so the policy is built with that checkpoint's shapes and its weights
+load. The resolved values are what the run records, so a resume needs nothing else.
+
+Torch-free and LeRobot-free at import (the hook module imports it for every command);
+LeRobot is imported when a config is validated.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, create_model, model_validator
+
+from lerobot_kit.api import PolicyConfig
+from lerobot_kit_lerobot.policies import registered_name
+
+SCHEMAS: dict[str, Any] = json.loads(files("lerobot_kit_lerobot").joinpath("schemas.json").read_text())
+
+
+class LerobotPolicyConfig(PolicyConfig):
+    """Base of the generated classes: the LeRobot type they stand for and their field names."""
+
+    lerobot_type: ClassVar[str]
+    lerobot_fields: ClassVar[tuple[str, ...]]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_from_path(cls, data: Any) -> Any:
+        """Fields not given take the values of ``--policy.path``'s ``config.json``."""
+        if not isinstance(data, dict) or not data.get("path"):
+            return data
+        missing = [name for name in cls.lerobot_fields if name not in data]
+        if not missing:
+            return data
+        saved = read_lerobot_config(Path(data["path"]))
+        if saved.get("type") != cls.lerobot_type:
+            raise ValueError(
+                f"--policy.path={data['path']} holds a LeRobot {saved.get('type')!r} policy, not {cls.lerobot_type!r}: "
+                f"use --policy.type={registered_name(str(saved.get('type')))}"
+            )
+        return {**{name: saved[name] for name in missing if name in saved}, **data}
+
+    @model_validator(mode="after")
+    def _lerobot_accepts(self) -> LerobotPolicyConfig:
+        from lerobot_kit_lerobot.lerobot_config import to_lerobot_config
+
+        to_lerobot_config(self)  # raises ValueError with LeRobot's own message
+        return self
+
+    def lerobot_values(self) -> dict[str, Any]:
+        """The LeRobot fields as JSON values (what LeRobot's config.json holds for them)."""
+        dumped = self.model_dump(mode="json")
+        return {name: dumped[name] for name in self.lerobot_fields}
+
+    def delta_indices(self) -> dict[str, list[int]]:
+        from lerobot_kit_lerobot.lerobot_config import delta_indices
+
+        return delta_indices(self)
+
+
+def read_lerobot_config(path: Path) -> dict[str, Any]:
+    """The ``config.json`` of a ``pretrained_model/`` folder, or of a step folder's."""
+    for candidate in (path / "config.json", path / "pretrained_model" / "config.json"):
+        if candidate.is_file():
+            try:
+                saved = json.loads(candidate.read_text())
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"--policy.path: {candidate} is not valid JSON ({exc.msg})") from None
+            if not isinstance(saved, dict):
+                raise ValueError(f"--policy.path: {candidate} is not a JSON object")
+            return saved
+    raise ValueError(f"--policy.path={path}: no config.json there (nor in its pretrained_model/)")
+
+
+def annotation_of(tree: dict[str, Any]) -> Any:
+    """The annotation a ``schema_gen.type_tree`` describes."""
+    kind = tree["kind"]
+    simple = {"int": int, "float": float, "bool": bool, "str": str}
+    if kind in simple:
+        return simple[kind]
+    if kind == "literal":
+        return Literal[tuple(tree["values"])]
+    if kind == "optional":
+        return annotation_of(tree["of"]) | None
+    if kind == "list":
+        return list[annotation_of(tree["of"])]
+    if kind == "tuple" and "items" in tree:
+        return tuple[tuple(annotation_of(item) for item in tree["items"])]
+    if kind == "tuple":
+        return tuple[annotation_of(tree["of"]), ...]
+    if kind == "dict":
+        return dict[str, annotation_of(tree["of"])]
+    raise ValueError(f"schemas.json: unknown type kind {kind!r}")
+
+
+def make_config_class(lerobot_type: str) -> type[LerobotPolicyConfig]:
+    schema = SCHEMAS["policies"][lerobot_type]
+    name = registered_name(lerobot_type)
+    fields: dict[str, Any] = {"type": (str, Field(name, description="Policy type, from the plugin registry."))}
+    for field in schema["fields"]:
+        # validate_default: a JSON default (a list for a tuple field) becomes the field's type.
+        annotation = annotation_of(field["type"])
+        fields[field["name"]] = (annotation, Field(field["default"], description=field["description"], validate_default=True))
+    config_class = create_model(  # type: ignore[call-overload]
+        "Lerobot" + "".join(part.capitalize() for part in lerobot_type.split("_")) + "Config",
+        __base__=LerobotPolicyConfig,
+        __module__=__name__,
+        **fields,
+    )
+    config_class.lerobot_type = lerobot_type
+    config_class.lerobot_fields = tuple(field["name"] for field in schema["fields"])
+    return config_class
+
+
+CONFIG_CLASSES: dict[str, type[LerobotPolicyConfig]] = {
+    lerobot_type: make_config_class(lerobot_type) for lerobot_type in SCHEMAS["policies"]
+}
