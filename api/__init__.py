@@ -18,10 +18,11 @@ Stable:
 * dataset contract: ``PolicyDataset``, ``InMemoryDataset``, ``DatasetMeta``,
   ``FeatureSpec``, ``compute_stats``, the item keys ``STATE_KEY``, ``ACTION_KEY``,
   ``IMAGE_PREFIX`` and ``pad_key``;
-* checkpoint formats: ``CheckpointFormat``, the weight writers and readers
-  ``write_gathered``, ``write_shards``, ``load_any_weights``, ``read_safetensors``,
-  ``is_peft_model`` and the file names ``MODEL_WEIGHTS``, ``ADAPTER_WEIGHTS``,
-  ``DCP_MODEL_DIR``;
+* checkpoint formats: ``CheckpointFormat``, ``ModelWeights`` (what a format is handed:
+  the model and how its weights are named), ``model_weights``, the weight writers and
+  readers ``gathered_state``, ``write_weights_file``, ``write_gathered``, ``write_shards``,
+  ``load_state``, ``load_any_weights``, ``read_safetensors``, ``is_peft_model`` and the
+  file names ``MODEL_WEIGHTS``, ``ADAPTER_WEIGHTS``, ``DCP_MODEL_DIR``;
 * launchers: ``Launcher``, ``LaunchEnv``, ``env_int``;
 * errors a plugin raises: ``ConfigError`` (bad flags or data for this plugin),
   ``CheckpointError`` (a missing or damaged file), ``PluginError`` (the plugin itself is
@@ -61,8 +62,17 @@ from lerobot_kit.core.registry.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from lerobot_kit.core.checkpoint.training_state import read_safetensors
-    from lerobot_kit.core.checkpoint.weights import CheckpointFormat, load_any_weights, write_gathered, write_shards
-    from lerobot_kit.core.model.peft import is_peft_model
+    from lerobot_kit.core.checkpoint.weights import (
+        CheckpointFormat,
+        ModelWeights,
+        gathered_state,
+        load_any_weights,
+        load_state,
+        write_gathered,
+        write_shards,
+        write_weights_file,
+    )
+    from lerobot_kit.core.model.peft import is_peft_model, model_weights
     from lerobot_kit.core.model.policy import Policy
     from lerobot_kit.core.model.processor import PolicyProcessor
 
@@ -71,11 +81,16 @@ _LAZY: dict[str, tuple[str, str]] = {
     "Policy": ("lerobot_kit.core.model.policy", "Policy"),
     "PolicyProcessor": ("lerobot_kit.core.model.processor", "PolicyProcessor"),
     "CheckpointFormat": ("lerobot_kit.core.checkpoint.weights", "CheckpointFormat"),
+    "ModelWeights": ("lerobot_kit.core.checkpoint.weights", "ModelWeights"),
+    "gathered_state": ("lerobot_kit.core.checkpoint.weights", "gathered_state"),
+    "write_weights_file": ("lerobot_kit.core.checkpoint.weights", "write_weights_file"),
     "write_gathered": ("lerobot_kit.core.checkpoint.weights", "write_gathered"),
     "write_shards": ("lerobot_kit.core.checkpoint.weights", "write_shards"),
+    "load_state": ("lerobot_kit.core.checkpoint.weights", "load_state"),
     "load_any_weights": ("lerobot_kit.core.checkpoint.weights", "load_any_weights"),
     "read_safetensors": ("lerobot_kit.core.checkpoint.training_state", "read_safetensors"),
     "is_peft_model": ("lerobot_kit.core.model.peft", "is_peft_model"),
+    "model_weights": ("lerobot_kit.core.model.peft", "model_weights"),
 }
 
 __all__ = [
@@ -95,6 +110,7 @@ __all__ = [
     "LaunchEnv",
     "Launcher",
     "LerobotError",
+    "ModelWeights",
     "PluginError",
     "Policy",
     "PolicyConfig",
@@ -105,15 +121,19 @@ __all__ = [
     "build_policy",
     "compute_stats",
     "env_int",
+    "gathered_state",
     "hookimpl",
     "is_peft_model",
     "load_any_weights",
     "load_pretrained",
+    "load_state",
+    "model_weights",
     "pad_key",
     "parse_train_config",
     "read_safetensors",
     "write_gathered",
     "write_shards",
+    "write_weights_file",
 ]
 
 

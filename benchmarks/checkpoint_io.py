@@ -116,7 +116,7 @@ def _worker(outdir: Path, spec: dict[str, Any]) -> None:
                 folder.mkdir(parents=True)
 
             def write_weights(fmt: str = fmt, folder: Path = folder) -> None:
-                checkpoint_format(fmt).save_weights(parallel.model, folder, sharded=True, is_main=ctx.is_main)
+                checkpoint_format(fmt).save_weights(run.weights, folder, sharded=True, is_main=ctx.is_main)
                 dist.barrier()
                 if ctx.is_main:
                     atomic.fsync_tree(folder)

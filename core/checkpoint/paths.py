@@ -1,4 +1,4 @@
-"""Every file and folder name of the checkpoint layout (SPEC S6), in one place.
+"""Every file and folder name of the checkpoint layout, in one place.
 
 Torch-free: ``inspect-checkpoint`` and ``convert-dcp`` import this without torch.
 

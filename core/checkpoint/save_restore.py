@@ -9,14 +9,13 @@ whatever the one that wrote it (DCP reshards; gathered files are broadcast).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
 from lerobot_kit.core.checkpoint import atomic, paths
-from lerobot_kit.core.checkpoint.weights import CheckpointFormat
 from lerobot_kit.core.checkpoint.shard_writes import save_shards
 from lerobot_kit.core.checkpoint.training_state import (
     capture_rng,
@@ -28,10 +27,12 @@ from lerobot_kit.core.checkpoint.training_state import (
     save_rng,
     write_json,
 )
-from lerobot_kit.core.run.components import RunComponents
+from lerobot_kit.core.checkpoint.training_step import SamplerPosition, Topology, TrainingStep, read_training_step
+from lerobot_kit.core.checkpoint.weights import CheckpointFormat
 from lerobot_kit.core.data.sampler import DataPosition
 from lerobot_kit.core.distributed.process_group import barrier
 from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.core.run.components import RunComponents
 from lerobot_kit.core.run.optim import load_scheduler_state, scheduler_state
 from lerobot_kit.core.version import package_version
 
@@ -67,20 +68,20 @@ def write_checkpoint(run: RunComponents, step: int, position: DataPosition) -> N
         atomic.prepare_temp_dir(run.output_dir, step)
     barrier(run.ctx)
     pretrained, state_dir = tmp / paths.PRETRAINED_DIR, tmp / paths.TRAINING_STATE_DIR
-    model = run.parallel.model
     weights = checkpoint_format(config.checkpoint_format).save_weights(
-        model, pretrained, sharded=run.dims.sharded, is_main=ctx.is_main
+        run.weights, pretrained, sharded=run.dims.sharded, is_main=ctx.is_main
     )
     optimizer_kind = _save_optimizer(run, state_dir)
     rng = _gather_rng(run)
     if ctx.is_main:
-        save_pretrained(model, run.meta, run.preprocessor, run.postprocessor, None, pretrained)
+        save_pretrained(run.parallel.model, run.meta, run.preprocessor, run.postprocessor, None, pretrained)
         write_json(pretrained / paths.TRAIN_CONFIG, run.spec.recorded_config())
         save_rng(rng, state_dir)
         write_json(state_dir / paths.SCHEDULER_STATE, scheduler_state(run.scheduler))
         if run.scaler is not None:
             write_json(state_dir / paths.SCALER_STATE, run.scaler.state_dict())
-        write_json(state_dir / paths.TRAINING_STEP, _training_step(run, step, position, weights, optimizer_kind))
+        record = _training_step(run, step, position, weights, optimizer_kind)
+        write_json(state_dir / paths.TRAINING_STEP, record.to_json())
 
 
 def _save_optimizer(run: RunComponents, state_dir: Path) -> str:
@@ -106,64 +107,50 @@ def _gather_rng(run: RunComponents) -> list[dict[str, Any]]:
 
 def _training_step(
     run: RunComponents, step: int, position: DataPosition, weights: str, optimizer_kind: str
-) -> dict[str, Any]:
+) -> TrainingStep:
     config = run.config
-    return {
-        "layout_version": paths.LAYOUT_VERSION,
-        "step": step,
-        "lerobot_kit_version": package_version(),
-        "dp_world_size": run.dims.dp_world_size,
-        "batch_size": config.batch_size,
-        "gradient_accumulation_steps": config.accelerator.gradient_accumulation.steps,
-        "mixed_precision": config.accelerator.mixed_precision,
-        "topology": run.dims.to_json(),
-        "checkpoint_format": config.checkpoint_format,
-        "weights": weights,
-        "optimizer": optimizer_kind,
-        "peft": config.peft.method_type is not None,
-        "sampler": position.to_json(),
-    }
+    return TrainingStep(
+        step=step,
+        lerobot_kit_version=package_version(),
+        dp_world_size=run.dims.dp_world_size,
+        batch_size=config.batch_size,
+        gradient_accumulation_steps=config.accelerator.gradient_accumulation.steps,
+        mixed_precision=config.accelerator.mixed_precision,
+        topology=Topology(**run.dims.to_json()),
+        checkpoint_format=config.checkpoint_format,
+        weights=weights,
+        optimizer=optimizer_kind,
+        peft=config.peft.method_type is not None,
+        sampler=SamplerPosition(**position.to_json()),
+    )
 
 
 @dataclass
 class Restored:
     step: int
     position: DataPosition
-    saved: dict[str, Any]
+    record: TrainingStep
 
 
-def read_training_step(step_dir: Path) -> dict[str, Any]:
-    """``training_step.json`` of a checkpoint, refusing layouts this version cannot resume."""
-    state_dir = step_dir / paths.TRAINING_STATE_DIR
-    info = read_json(state_dir / paths.TRAINING_STEP)
-    if not isinstance(info, dict) or "step" not in info:
-        raise CheckpointError(f"{state_dir / paths.TRAINING_STEP}: not a training_step.json (no 'step')")
-    version = info.get("layout_version")
-    if version != paths.LAYOUT_VERSION:
-        raise CheckpointError(
-            f"{step_dir}: checkpoint layout version {version!r} is not {paths.LAYOUT_VERSION} "
-            "(written by another version of the toolkit); it cannot be resumed, but its weights can "
-            "still be loaded with --policy.path"
-        )
-    sharded = (info.get("topology") or {}).get("dp_shard", 1) > 1
-    if sharded and not (state_dir / paths.DCP_OPTIMIZER_DIR).is_dir():
+def _check_resumable(step_dir: Path, record: TrainingStep) -> None:
+    """Refuse what this version writes differently: a sharded run's gathered optimizer state."""
+    if record.sharded and not (step_dir / paths.TRAINING_STATE_DIR / paths.DCP_OPTIMIZER_DIR).is_dir():
         raise CheckpointError(
             f"{step_dir}: a sharded run whose optimizer state is not in {paths.DCP_OPTIMIZER_DIR}/ "
             "(the older gathered-optimizer layout); it cannot be resumed, but its weights can still be "
             "loaded with --policy.path"
         )
-    return info
 
 
 def restore_checkpoint(run: RunComponents, step_dir: Path) -> Restored:
     """Collective: load weights, optimizer, scheduler, scaler and RNG onto the current topology."""
-    info = read_training_step(step_dir)
+    record = read_training_step(step_dir)
+    _check_resumable(step_dir, record)
     pretrained, state_dir = step_dir / paths.PRETRAINED_DIR, step_dir / paths.TRAINING_STATE_DIR
-    model = run.parallel.model
-    checkpoint_format(info.get("checkpoint_format", "safetensors")).load_weights(
-        model, pretrained, distributed=run.ctx.distributed, is_main=run.ctx.is_main
+    checkpoint_format(record.checkpoint_format).load_weights(
+        run.weights, pretrained, distributed=run.ctx.distributed, is_main=run.ctx.is_main
     )
-    _load_optimizer(run, state_dir, info)
+    _load_optimizer(run, state_dir)
     load_scheduler_state(run.scheduler, read_json(state_dir / paths.SCHEDULER_STATE))
     if run.scaler is not None:
         scaler_file = state_dir / paths.SCALER_STATE
@@ -172,12 +159,10 @@ def restore_checkpoint(run: RunComponents, step_dir: Path) -> Restored:
     rng = load_rng(state_dir, run.ctx.rank)
     if rng is not None:
         restore_rng(rng)
-    sampler = info.get("sampler") or {}
-    position = DataPosition(int(sampler.get("epoch", 0)), int(sampler.get("offset", 0)), int(sampler.get("samples_seen", 0)))
-    return Restored(int(info["step"]), position, info)
+    return Restored(record.step, DataPosition(**asdict(record.sampler)), record)
 
 
-def _load_optimizer(run: RunComponents, state_dir: Path, info: dict[str, Any]) -> None:
+def _load_optimizer(run: RunComponents, state_dir: Path) -> None:
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_optimizer_state_dict,

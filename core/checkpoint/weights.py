@@ -1,114 +1,235 @@
-"""What a checkpoint format is, and the two ways of storing weights the built-ins combine.
+"""Reading and writing model weights: the functions every path goes through.
 
-A format decides how a run's *weights* are stored; optimizer and training state are
-the same for every format (DCP shards for sharded runs, safetensors otherwise).
-Non-sharded runs always store one gathered file, whatever the format: there is
-nothing to shard. A plugin format subclasses ``CheckpointFormat``.
+Checkpoint formats (built-in and plugins), ``save_pretrained``, ``load_pretrained``,
+``--policy.path`` and resume all store and load weights with the functions below, so a
+gathered file, DCP shards and a PEFT adapter in either are written by one piece of code
+and read back by another, whoever asks.
+
+*Which* tensors are stored, under which names and in which file, is the job of a
+``WeightNaming`` that travels with the model as ``ModelWeights``: a plain policy stores
+every tensor of its state dict under its own name in ``model.safetensors``
+(``FullNaming``); a PEFT model stores only its adapter under peft's names in
+``adapter_model.safetensors`` (``core.model.peft.PeftNaming``). The naming is chosen
+once, where the model is known (``core.model.peft.model_weights``), so no reader or
+writer here asks what kind of model it has. *Where* weights are read from is what the
+checkpoint recorded (``StoredWeights``), not whichever files happen to exist.
+
+A checkpoint format decides how a run's weights are stored; optimizer and training
+state are the same for every format. A plugin format subclasses ``CheckpointFormat``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from lerobot_kit.core.checkpoint import paths
 from lerobot_kit.core.checkpoint.shard_writes import save_shards
+from lerobot_kit.core.checkpoint.stored_weights import StoredWeights
 from lerobot_kit.core.checkpoint.training_state import read_safetensors
 from lerobot_kit.core.errors import CheckpointError, first_line
-from lerobot_kit.core.model.peft import is_peft_model, to_model_keys, to_saved_keys
+
+
+class WeightNaming(ABC):
+    """Which tensors of a model its weights file holds, and under which names."""
+
+    file_name: str  # in pretrained_model/
+    include_frozen: bool  # frozen parameters are stored too (an adapter's frozen base never is)
+
+    @abstractmethod
+    def to_saved(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The tensors to store, under their stored names, taken from the model's state dict."""
+
+    @abstractmethod
+    def to_model(self, saved: dict[str, Any], source: Path) -> dict[str, Any]:
+        """Stored tensors under the model's names; ``CheckpointError`` naming ``source`` when
+        they are not exactly the tensors this model stores."""
+
+    def save_config(self, directory: Path) -> None:
+        """Files a loader needs next to the weights (peft's ``adapter_config.json``); none by default."""
+
+
+class FullNaming(WeightNaming):
+    """A plain model: its whole state dict, under its own names, in ``model.safetensors``."""
+
+    file_name = paths.MODEL_WEIGHTS
+    include_frozen = True
+
+    def __init__(self, model: nn.Module) -> None:
+        self._keys = frozenset(model.state_dict())
+        self._model_name = type(model).__name__
+
+    def to_saved(self, state: dict[str, Any]) -> dict[str, Any]:
+        return state
+
+    def to_model(self, saved: dict[str, Any], source: Path) -> dict[str, Any]:
+        missing, unexpected = sorted(self._keys - set(saved)), sorted(set(saved) - self._keys)
+        if missing or unexpected:
+            raise CheckpointError(
+                f"{source} does not fit this {self._model_name} (saved with other settings or features?): "
+                f"missing {missing[:3]}, unexpected {unexpected[:3]}"
+            )
+        return saved
+
+
+@dataclass(frozen=True)
+class ModelWeights:
+    """A model and the naming its weights are stored under: what every function here takes."""
+
+    model: nn.Module
+    naming: WeightNaming
+
+    def file_in(self, pretrained_dir: Path) -> Path:
+        """Where this model's gathered weights file lives in ``pretrained_dir``."""
+        return Path(pretrained_dir) / self.naming.file_name
+
+
+# --- writing ------------------------------------------------------------------------------
+
+
+def gathered_state(weights: ModelWeights, *, sharded: bool, is_main: bool) -> dict[str, Tensor]:
+    """The full tensors to store, under their stored names, on the CPU: on the main process;
+    empty on the others. Collective when ``sharded``; only stored parameters are gathered."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if sharded:
+        options = StateDictOptions(
+            full_state_dict=True, cpu_offload=True, ignore_frozen_params=not weights.naming.include_frozen
+        )
+        state = get_model_state_dict(weights.model, options=options)  # full tensors on the main process only
+    elif is_main:
+        state = weights.model.state_dict()
+    if not is_main:
+        return {}
+    return {name: tensor.detach().to("cpu") for name, tensor in weights.naming.to_saved(state).items()}
+
+
+def write_weights_file(
+    weights: ModelWeights, tensors: dict[str, Tensor], pretrained_dir: Path, *, metadata: dict[str, str] | None = None
+) -> Path:
+    """Main process only: ``tensors`` (stored names, as ``gathered_state`` gives them, or
+    re-encoded by a format) as the model's weights file, with extra safetensors ``metadata``."""
+    from safetensors.torch import save_file
+
+    path = weights.file_in(pretrained_dir)
+    save_file(_own_storage(tensors), str(path), metadata={"format": "pt", **(metadata or {})})
+    return path
+
+
+def write_gathered(weights: ModelWeights, pretrained_dir: Path, *, sharded: bool, is_main: bool) -> None:
+    """One file of full weights (the adapter's only, for PEFT): gathered collectively, written by the main process."""
+    state = gathered_state(weights, sharded=sharded, is_main=is_main)
+    if is_main:
+        write_weights_file(weights, state, pretrained_dir)
+
+
+def write_shards(weights: ModelWeights, pretrained_dir: Path) -> None:
+    """DCP shards under the stored names: every rank writes its own part, nothing is
+    gathered (in the background under ``async_checkpoint``)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(ignore_frozen_params=not weights.naming.include_frozen)
+    state = get_model_state_dict(weights.model, options=options)
+    save_shards(weights.naming.to_saved(state), pretrained_dir / paths.DCP_MODEL_DIR)
+
+
+def _own_storage(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Contiguous CPU tensors, each alone in its storage: safetensors refuses views into a
+    larger storage and tensors sharing one. Copies only those."""
+    owned: dict[str, Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in tensors.items():
+        tensor = tensor.detach().to("cpu").contiguous()
+        storage = tensor.untyped_storage()
+        if tensor.numel() and (storage.data_ptr() in seen or storage.nbytes() != tensor.nbytes):
+            tensor = tensor.clone()
+        seen.add(tensor.untyped_storage().data_ptr())
+        owned[name] = tensor
+    return owned
+
+
+# --- reading ------------------------------------------------------------------------------
+
+
+def load_state(
+    weights: ModelWeights, saved: dict[str, Tensor], *, source: Path, distributed: bool, is_main: bool
+) -> None:
+    """Load full tensors under their stored names into the model, on the current topology.
+
+    Distributed, only the main process passes them (the others pass ``{}``) and they are
+    broadcast and resharded; collective then.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    naming = weights.naming
+    state = naming.to_model(saved, source) if (is_main or not distributed) else {}
+    if distributed:
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=naming.include_frozen)
+        set_model_state_dict(weights.model, state, options=options)
+        return
+    try:
+        weights.model.load_state_dict(state, strict=naming.include_frozen)
+    except RuntimeError as exc:  # shapes: the names were checked by to_model
+        mismatches = [line.strip() for line in str(exc).splitlines()[1:] if line.strip()]
+        raise CheckpointError(
+            f"{source} does not fit this {type(weights.model).__name__} (saved with other settings or features?): "
+            + "; ".join(mismatches[:3] or [first_line(exc)])
+        ) from None
+
+
+def load_shards(weights: ModelWeights, shard_dir: Path) -> None:
+    """Collective: DCP shards resharded onto the model's current layout, each rank reading its part."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+    naming = weights.naming
+    if not shard_dir.is_dir():
+        raise CheckpointError(f"{shard_dir}: missing, though the checkpoint records DCP weight shards")
+    options = StateDictOptions(ignore_frozen_params=not naming.include_frozen)
+    state = naming.to_saved(get_model_state_dict(weights.model, options=options))
+    try:
+        dcp.load(state, checkpoint_id=str(shard_dir))
+    except Exception as exc:  # noqa: BLE001 - DCP raises many types for damaged shards
+        raise CheckpointError(f"{shard_dir}: cannot load the weight shards ({first_line(exc)})") from exc
+    state = naming.to_model(state, shard_dir)
+    set_model_state_dict(weights.model, state, options=StateDictOptions(strict=naming.include_frozen))
+
+
+def load_any_weights(weights: ModelWeights, pretrained_dir: Path, *, distributed: bool, is_main: bool) -> None:
+    """The weights ``pretrained_dir`` records into the model, on the current topology.
+
+    Distributed, DCP shards when recorded (each rank reads its part; any topology), else
+    the gathered file, read by the main process and broadcast. One process, the gathered
+    file when recorded (no DCP planning), else the shards.
+    """
+    stored = StoredWeights.of(pretrained_dir)
+    stored.require_kind(weights.naming.file_name)
+    if stored.shards and (distributed or not stored.gathered):
+        load_shards(weights, stored.shard_dir)
+        return
+    path = stored.gathered_file()
+    saved = read_safetensors(path) if (is_main or not distributed) else {}
+    load_state(weights, saved, source=path, distributed=distributed, is_main=is_main)
+
+
+# --- formats ------------------------------------------------------------------------------
 
 
 class CheckpointFormat(ABC):
-    """Saves and loads model weights of a (possibly sharded) model. Both are collective."""
+    """Saves and loads a run's weights (``--checkpoint_format``). Both are collective.
+
+    ``weights`` holds the model (possibly FSDP-sharded) and its naming; hand it to the
+    functions above, which store the right tensors under the right names, adapters included.
+    """
 
     @abstractmethod
-    def save_weights(self, model: nn.Module, pretrained_dir: Path, *, sharded: bool, is_main: bool) -> str:
+    def save_weights(self, weights: ModelWeights, pretrained_dir: Path, *, sharded: bool, is_main: bool) -> str:
         """Write the weights; return what was written ("gathered", "dcp" or "gathered+dcp")."""
 
-    def load_weights(self, model: nn.Module, pretrained_dir: Path, *, distributed: bool, is_main: bool) -> None:
-        """Load weights into ``model`` on the current topology, from whatever the folder holds."""
-        load_any_weights(model, pretrained_dir, distributed=distributed, is_main=is_main)
-
-
-def write_gathered(model: nn.Module, pretrained_dir: Path, *, sharded: bool, is_main: bool) -> None:
-    """One ``model.safetensors`` of full fp32 weights; the gather is collective, the main process writes.
-
-    A PEFT model writes ``adapter_model.safetensors`` instead: only the adapter (and
-    fully trained modules), under peft's saved names; the frozen base is never gathered.
-    """
-    from safetensors.torch import save_file
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    peft = is_peft_model(model)
-    if sharded:
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=peft)
-        state = get_model_state_dict(model, options=options)
-    else:
-        state = model.state_dict()
-    if is_main:
-        if peft:
-            state = to_saved_keys(model, state)
-        tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in state.items()}
-        name = paths.ADAPTER_WEIGHTS if peft else paths.MODEL_WEIGHTS
-        save_file(tensors, str(pretrained_dir / name), metadata={"format": "pt"})
-
-
-def write_shards(model: nn.Module, pretrained_dir: Path) -> None:
-    """DCP shards of the weights: every rank writes its own part, nothing is gathered
-    (in the background under ``async_checkpoint``).
-
-    A PEFT model's shards hold only the adapter, keyed as in ``adapter_model.safetensors``.
-    """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    peft = is_peft_model(model)
-    state = get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=peft))
-    if peft:
-        state = to_saved_keys(model, state)
-    save_shards(state, pretrained_dir / paths.DCP_MODEL_DIR)
-
-
-def load_any_weights(model: nn.Module, pretrained_dir: Path, *, distributed: bool, is_main: bool) -> None:
-    """DCP shards when present (reshard onto any topology), else the gathered file.
-
-    A PEFT model loads only its adapter (the base was loaded from --policy.path).
-    """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        set_model_state_dict,
-    )
-
-    peft = is_peft_model(model)
-    shards = pretrained_dir / paths.DCP_MODEL_DIR
-    gathered = pretrained_dir / (paths.ADAPTER_WEIGHTS if peft else paths.MODEL_WEIGHTS)
-    if shards.is_dir():
-        state = get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=peft))
-        if peft:
-            state = to_saved_keys(model, state)
-        try:
-            dcp.load(state, checkpoint_id=str(shards))
-        except Exception as exc:  # noqa: BLE001 - DCP raises many types for damaged shards
-            raise CheckpointError(f"{shards}: cannot load the weight shards ({first_line(exc)})") from exc
-        if peft:
-            state = to_model_keys(model, state, shards)
-        set_model_state_dict(model, state, options=StateDictOptions(strict=not peft))
-        return
-    if not gathered.is_file():
-        raise CheckpointError(f"{pretrained_dir}: holds neither {gathered.name} nor {paths.DCP_MODEL_DIR}/")
-    full = read_safetensors(gathered) if (is_main or not distributed) else {}
-    if peft and full:
-        full = to_model_keys(model, full, gathered)
-    if distributed:
-        set_model_state_dict(
-            model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=not peft)
-        )
-    else:
-        missing, unexpected = model.load_state_dict(full, strict=False)
-        if unexpected or (missing and not peft):  # a PEFT model's base keys are never in the file
-            raise CheckpointError(
-                f"{gathered}: does not match the policy (missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})"
-            )
+    def load_weights(self, weights: ModelWeights, pretrained_dir: Path, *, distributed: bool, is_main: bool) -> None:
+        """Load the weights into the model on the current topology, from what the folder records."""
+        load_any_weights(weights, pretrained_dir, distributed=distributed, is_main=is_main)

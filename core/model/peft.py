@@ -1,4 +1,4 @@
-"""PEFT (adapter) fine-tuning around the ``peft`` package (SPEC S5).
+"""PEFT (adapter) fine-tuning around the ``peft`` package.
 
 The policy is wrapped in a ``peft.PeftModel`` *before* it is parallelised, on every
 rank alike (on the meta device where the layout builds there), so FSDP2 shards the
@@ -10,7 +10,9 @@ adapter name stripped, next to a genuine ``adapter_config.json`` written by ``pe
 own config class. So ``PeftModel.from_pretrained(base_policy, pretrained_model_dir)``
 loads a checkpoint as is, and the DCP shards ``convert-dcp`` merges carry the same keys.
 The mapping between model parameter names and saved names comes from running peft's
-saver over placeholder tensors, never from re-implementing its naming rules.
+saver over placeholder tensors, never from re-implementing its naming rules; it is
+``PeftNaming``, which the toolkit's weight readers and writers (``core.checkpoint.weights``)
+apply, so no format or loader has code of its own for adapters.
 
 ``peft`` imports ``transformers`` (seconds), so it is imported only when
 ``--peft.method_type`` is set or a PEFT checkpoint is loaded.
@@ -28,22 +30,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from lerobot_kit.core.checkpoint.paths import (
-    ADAPTER_CONFIG,
-    ADAPTER_WEIGHTS,
-    DCP_MODEL_DIR,
-    MODEL_WEIGHTS,
-    POLICY_CONFIG,
-    POSTPROCESSOR,
-    PREPROCESSOR,
-    find_pretrained_dir,
-)
+from lerobot_kit.core.checkpoint.paths import ADAPTER_CONFIG, ADAPTER_WEIGHTS, POLICY_CONFIG, find_pretrained_dir
+from lerobot_kit.core.checkpoint.weights import FullNaming, ModelWeights, WeightNaming
 from lerobot_kit.core.config.schema import PeftConfig, TrainConfig
 from lerobot_kit.core.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
     from lerobot_kit.core.model.policy import Policy
-    from lerobot_kit.core.model.processor import PolicyProcessor
     from lerobot_kit.core.parallel.dims import ParallelDims
     from lerobot_kit.core.parallel.wrap_units import WrapUnits
 
@@ -196,7 +189,7 @@ def align_trainable_dtypes(model: nn.Module, config: TrainConfig, dims: Parallel
             )
 
 
-# --- saved naming -----------------------------------------------------------------------
+# --- stored naming ----------------------------------------------------------------------
 
 
 def saved_key_map(model: nn.Module) -> dict[str, str]:
@@ -214,39 +207,48 @@ def saved_key_map(model: nn.Module) -> dict[str, str]:
     return {key_of[id(tensor)]: saved_key for saved_key, tensor in saved.items()}
 
 
-def to_saved_keys(model: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
-    """The adapter part of a model state dict, under the saved names. ``state`` must hold every adapter key."""
-    mapping = saved_key_map(model)
-    missing = [key for key in mapping if key not in state]
-    if missing:
-        raise RuntimeError(f"the state dict lacks adapter tensors {missing[:3]}: was it taken with frozen adapters dropped?")
-    return {saved: state[key] for key, saved in mapping.items()}
+class PeftNaming(WeightNaming):
+    """A PEFT model stores only what peft itself saves: the adapter (and the
+    ``--peft.full_training_modules``) under peft's names, in ``adapter_model.safetensors``,
+    next to peft's ``adapter_config.json``. The frozen base is never stored: it is the
+    ``--policy.path`` the run started from."""
+
+    file_name = ADAPTER_WEIGHTS
+    include_frozen = False
+
+    def __init__(self, model: nn.Module) -> None:
+        self._model = model
+        self._saved_key = saved_key_map(model)  # computed once: it runs peft's saver
+
+    def to_saved(self, state: dict[str, Any]) -> dict[str, Any]:
+        missing = [key for key in self._saved_key if key not in state]
+        if missing:
+            raise RuntimeError(f"the state dict lacks adapter tensors {missing[:3]}: were frozen adapters dropped?")
+        return {saved: state[key] for key, saved in self._saved_key.items()}
+
+    def to_model(self, saved: dict[str, Any], source: Path) -> dict[str, Any]:
+        model_key = {saved_key: key for key, saved_key in self._saved_key.items()}
+        unexpected = sorted(set(saved) - set(model_key))
+        missing = sorted(set(model_key) - set(saved))
+        if unexpected or missing:
+            raise CheckpointError(
+                f"{source}: does not fit this adapter configuration (missing {missing[:3]}, unexpected "
+                f"{unexpected[:3]}); was it saved with other --peft settings or another policy shape?"
+            )
+        return {model_key[key]: tensor for key, tensor in saved.items()}
+
+    def save_config(self, directory: Path) -> None:
+        """``adapter_config.json``, written by peft's own config class (so peft loads it as its own)."""
+        self._model.peft_config[ADAPTER_NAME].save_pretrained(str(directory))
 
 
-def to_model_keys(model: nn.Module, saved: dict[str, Any], source: Path) -> dict[str, Any]:
-    """Saved adapter tensors under the model's keys; every adapter tensor must be there, nothing else."""
-    model_key = {saved_key: key for key, saved_key in saved_key_map(model).items()}
-    unexpected = sorted(set(saved) - set(model_key))
-    missing = sorted(set(model_key) - set(saved))
-    if unexpected or missing:
-        raise CheckpointError(
-            f"{source}: does not fit this adapter configuration (missing {missing[:3]}, unexpected {unexpected[:3]}); "
-            "was it saved with other --peft settings or another policy shape?"
-        )
-    return {model_key[key]: tensor for key, tensor in saved.items()}
+def model_weights(model: nn.Module) -> ModelWeights:
+    """``model`` with the naming its weights are stored under: the one place where a PEFT
+    model and a plain one are told apart for reading and writing weights."""
+    return ModelWeights(model, PeftNaming(model) if is_peft_model(model) else FullNaming(model))
 
 
-def save_adapter_config(model: nn.Module, directory: Path) -> None:
-    """``adapter_config.json``, written by peft's own config class (so peft loads it as its own)."""
-    model.peft_config[ADAPTER_NAME].save_pretrained(str(directory))
-
-
-# --- loading for use --------------------------------------------------------------------
-
-
-def is_adapter_dir(directory: Path) -> bool:
-    """A ``pretrained_model/`` holding an adapter instead of full weights."""
-    return (directory / ADAPTER_CONFIG).is_file() and not (directory / MODEL_WEIGHTS).is_file()
+# --- adapter folders --------------------------------------------------------------------
 
 
 def recorded_base(directory: Path) -> Path:
@@ -267,46 +269,10 @@ def recorded_base(directory: Path) -> Path:
     return base
 
 
-def load_peft_model(directory: Path) -> tuple[nn.Module, PolicyProcessor, PolicyProcessor]:
-    """The base policy its ``adapter_config.json`` names, with this folder's adapter applied (not merged).
-
-    Strict where ``PeftModel.from_pretrained`` only warns: a missing or extra adapter
-    tensor is an error. The processors are the adapter folder's (those the run trained with).
-    """
-    from lerobot_kit.core.checkpoint.weights import read_safetensors
-    from lerobot_kit.core.model.policy import load_pretrained
-    from lerobot_kit.core.model.processor import PolicyProcessor
-
+def attach_adapter(base: nn.Module, directory: Path) -> nn.Module:
+    """``base`` wrapped, for inference, in the adapter ``directory/adapter_config.json``
+    describes; the adapter's weights are loaded by the caller, as any weights are."""
     peft = import_peft()
-    directory = find_pretrained_dir(Path(directory))
-    weights = directory / ADAPTER_WEIGHTS
-    if not weights.is_file():
-        merge = f"; merge its shards first: lerobot convert-dcp --checkpoint_dir={directory.parent}" if (
-            directory / DCP_MODEL_DIR).is_dir() else ""
-        raise CheckpointError(f"{directory}: has {ADAPTER_CONFIG} but no {ADAPTER_WEIGHTS}{merge}")
-    base, _, _ = load_pretrained(recorded_base(directory))
     config = peft.PeftConfig.from_pretrained(str(directory))
     config.inference_mode = True
-    model = peft.PeftModel(base, config, adapter_name=ADAPTER_NAME)
-    state = to_model_keys(model, read_safetensors(weights), weights)
-    model.load_state_dict(state, strict=False)
-    model.eval()
-    return model, PolicyProcessor.load(directory, PREPROCESSOR), PolicyProcessor.load(directory, POSTPROCESSOR)
-
-
-def load_merged_policy(directory: Path) -> tuple[Policy, PolicyProcessor, PolicyProcessor]:
-    """A plain ``Policy``: base + adapter with the adapter folded into the base weights."""
-    model, pre, post = load_peft_model(directory)
-    return model.merge_and_unload(), pre, post
-
-
-def merge_adapter(pretrained_dir: Path, output_dir: Path) -> Path:
-    """Write ``output_dir`` as a plain ``pretrained_model/`` (``model.safetensors``) of base + adapter merged.
-
-    The result loads without peft, with ``--policy.path`` or ``load_pretrained``.
-    """
-    from lerobot_kit.core.model.policy import save_pretrained
-
-    policy, pre, post = load_merged_policy(pretrained_dir)
-    save_pretrained(policy, policy.meta, pre, post, policy.state_dict(), Path(output_dir))
-    return Path(output_dir)
+    return peft.PeftModel(base, config, adapter_name=ADAPTER_NAME)

@@ -17,22 +17,22 @@ from typing import ClassVar
 
 import torch
 from pydantic import ValidationError
-from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from lerobot_kit.core.checkpoint.paths import (
-    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
     DATASET_META,
-    DCP_MODEL_DIR,
-    MODEL_WEIGHTS,
     POLICY_CONFIG,
     POSTPROCESSOR,
     PREPROCESSOR,
     find_pretrained_dir,
 )
+from lerobot_kit.core.checkpoint.stored_weights import StoredWeights
+from lerobot_kit.core.checkpoint.weights import ModelWeights, write_weights_file
 from lerobot_kit.core.config.schema import PolicyConfig
 from lerobot_kit.core.data.dataset import ACTION_KEY, STATE_KEY, DatasetMeta
 from lerobot_kit.core.errors import CheckpointError, ConfigError
+from lerobot_kit.core.model.peft import attach_adapter, model_weights, recorded_base
 from lerobot_kit.core.model.processor import PolicyProcessor
 
 
@@ -162,9 +162,10 @@ def save_pretrained(
 ) -> None:
     """Write a loadable ``pretrained_model/``; weights only when ``state_dict`` is given.
 
-    ``policy`` may be wrapped (DDP, PEFT): its config comes from the ``Policy`` inside.
-    ``state_dict`` must hold full (gathered) tensors; sharded runs that keep only DCP
-    shards pass None and write the shards themselves.
+    ``policy`` may be wrapped (DDP, PEFT): its config comes from the ``Policy`` inside,
+    and its weights are stored as every writer stores them (a PEFT model's adapter only,
+    with ``adapter_config.json``). ``state_dict`` must hold full (gathered) tensors;
+    checkpoints pass None and let their format write the weights.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -177,32 +178,92 @@ def save_pretrained(
         preprocessor.save(directory, PREPROCESSOR)
     if postprocessor is not None:
         postprocessor.save(directory, POSTPROCESSOR)
-    from lerobot_kit.core.model.peft import is_peft_model, save_adapter_config
-
-    if is_peft_model(policy):
-        save_adapter_config(policy, directory)
+    weights = model_weights(policy)
+    weights.naming.save_config(directory)
     if state_dict is not None:
-        # A private contiguous CPU copy: safetensors refuses views and shared storage.
-        tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
-        save_file(tensors, str(directory / MODEL_WEIGHTS), metadata={"format": "pt"})
+        write_weights_file(weights, weights.naming.to_saved(state_dict), directory)
 
 
 def load_pretrained(directory: Path, *, load_weights: bool = True) -> tuple[Policy, PolicyProcessor, PolicyProcessor]:
     """Rebuild a policy and its processors from a ``pretrained_model/`` (or its step folder).
 
     ``load_weights=False`` returns the freshly initialised policy, for callers that
-    load weights another way (DCP shards, a PEFT adapter).
+    load weights another way.
 
-    A PEFT folder (adapter, no full weights) gives its base policy, loaded from the path
+    A folder recorded as a PEFT adapter gives its base policy, loaded from the path
     ``adapter_config.json`` records, with the adapter merged in: a plain ``Policy``
-    (``lerobot_kit.core.model.peft.load_peft_model`` keeps the adapter unmerged).
+    (``load_peft_model`` keeps the adapter unmerged).
     """
-    from lerobot_kit.core.model.peft import is_adapter_dir, load_merged_policy
+    directory = find_pretrained_dir(Path(directory))
+    stored = StoredWeights.of(directory) if load_weights else None
+    if stored is not None and stored.adapter:
+        model, preprocessor, postprocessor = load_peft_model(directory)
+        return model.merge_and_unload(), preprocessor, postprocessor
+    config, meta = _read_policy(directory)
+    if stored is not None:
+        stored.gathered_file()  # refuses a folder without its file before paying for the build
+    policy = make_policy(config, meta)
+    if stored is not None:
+        _load_stored(model_weights(policy), stored)
+    return policy, PolicyProcessor.load(directory, PREPROCESSOR), PolicyProcessor.load(directory, POSTPROCESSOR)
+
+
+def load_pretrained_weights(policy: nn.Module, path: Path) -> None:
+    """The weights of a pretrained folder (or step folder) into ``policy`` (``--policy.path``).
+
+    Strict: a missing, extra or mis-shaped tensor means the folder was saved by another
+    policy shape, which must not be half-loaded silently.
+    """
+    _load_stored(model_weights(policy), StoredWeights.of(find_pretrained_dir(Path(path))))
+
+
+def load_peft_model(directory: Path) -> tuple[nn.Module, PolicyProcessor, PolicyProcessor]:
+    """The base policy an adapter folder's ``adapter_config.json`` names, with the adapter
+    applied (not merged), in inference mode.
+
+    Strict where ``PeftModel.from_pretrained`` only warns: a missing or extra adapter
+    tensor is an error. The processors are the adapter folder's (those the run trained with).
+    """
+    directory = find_pretrained_dir(Path(directory))
+    stored = StoredWeights.of(directory)
+    stored.require_kind(ADAPTER_WEIGHTS)
+    stored.gathered_file()  # before loading the base
+    base, _, _ = load_pretrained(recorded_base(directory))
+    model = attach_adapter(base, directory)
+    _load_stored(model_weights(model), stored)
+    model.eval()
+    return model, PolicyProcessor.load(directory, PREPROCESSOR), PolicyProcessor.load(directory, POSTPROCESSOR)
+
+
+def merge_adapter(pretrained_dir: Path, output_dir: Path) -> Path:
+    """Write ``output_dir`` as a plain ``pretrained_model/`` (``model.safetensors``) of base + adapter merged.
+
+    The result loads without peft, with ``--policy.path`` or ``load_pretrained``.
+    """
+    policy, preprocessor, postprocessor = load_pretrained(pretrained_dir)
+    save_pretrained(policy, policy.meta, preprocessor, postprocessor, policy.state_dict(), Path(output_dir))
+    return Path(output_dir)
+
+
+def _load_stored(weights: ModelWeights, stored: StoredWeights) -> None:
+    """Load into one process's model, by the checkpoint format that wrote the weights.
+
+    Needs the gathered file: loading here happens in each process on its own, before
+    any parallelism, while DCP shards are read collectively by every rank of a group;
+    ``lerobot convert-dcp`` merges them into the file.
+    """
     from lerobot_kit.core.registry.registry import get_registry
 
-    directory = find_pretrained_dir(Path(directory))
-    if load_weights and is_adapter_dir(directory):
-        return load_merged_policy(directory)
+    stored.require_kind(weights.naming.file_name)
+    stored.gathered_file()
+    checkpoint_format = get_registry().checkpoint_format(stored.checkpoint_format)
+    checkpoint_format.load_weights(weights, stored.folder, distributed=False, is_main=True)
+
+
+def _read_policy(directory: Path) -> tuple[PolicyConfig, DatasetMeta]:
+    """The policy config and dataset features a pretrained folder records."""
+    from lerobot_kit.core.registry.registry import get_registry
+
     config_json = _read_json(directory / POLICY_CONFIG)
     policy_type = config_json.get("type")
     if not isinstance(policy_type, str):
@@ -215,50 +276,7 @@ def load_pretrained(directory: Path, *, load_weights: bool = True) -> tuple[Poli
         meta = DatasetMeta.from_json(_read_json(directory / DATASET_META))
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{directory / DATASET_META}: malformed ({type(exc).__name__}: {exc})") from None
-    if load_weights and not (directory / MODEL_WEIGHTS).is_file():
-        raise CheckpointError(_missing_weights_message(directory))  # before paying for the build
-    policy = make_policy(config, meta)
-    if load_weights:
-        load_pretrained_weights(policy, directory)
-    preprocessor = PolicyProcessor.load(directory, PREPROCESSOR)
-    postprocessor = PolicyProcessor.load(directory, POSTPROCESSOR)
-    return policy, preprocessor, postprocessor
-
-
-def load_pretrained_weights(policy: Policy, path: Path) -> None:
-    """Load the ``model.safetensors`` of a pretrained folder (or step folder) into ``policy``.
-
-    Strict: a missing, extra or mis-shaped tensor means the folder was saved by another
-    policy shape, which must not be half-loaded silently.
-    """
-    directory = find_pretrained_dir(Path(path))
-    weights_path = directory / MODEL_WEIGHTS
-    if not weights_path.is_file():
-        raise CheckpointError(_missing_weights_message(directory))
-    try:
-        state = load_file(str(weights_path))
-    except Exception as exc:  # noqa: BLE001 - any read failure means a damaged file
-        raise CheckpointError(f"{weights_path}: unreadable safetensors file ({exc})") from None
-    try:
-        policy.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        raise CheckpointError(
-            f"{weights_path} does not fit this {type(policy).__name__} (saved with other settings or features?): {exc}"
-        ) from None
-
-
-def _missing_weights_message(directory: Path) -> str:
-    if (directory / DCP_MODEL_DIR).is_dir():
-        return (
-            f"{directory} holds only DCP weight shards ({DCP_MODEL_DIR}/), no {MODEL_WEIGHTS}; "
-            f"merge them first: lerobot convert-dcp --checkpoint_dir={directory.parent}"
-        )
-    if (directory / ADAPTER_CONFIG).is_file():
-        return (
-            f"{directory} holds a PEFT adapter, not full weights; load it with load_pretrained, or merge it into "
-            "a plain model.safetensors with lerobot_kit.core.model.peft.merge_adapter"
-        )
-    return f"{directory}: no {MODEL_WEIGHTS}; the pretrained_model folder is incomplete"
+    return config, meta
 
 
 def _write_json(path: Path, data: dict) -> None:

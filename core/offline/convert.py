@@ -11,10 +11,13 @@ from the page cache and read back from the disk against those checksums, and onl
 renamed into place; shards are deleted (``delete_dcp``) only after that rename. A crash
 or a failed check leaves no output file and the shards untouched.
 
-PEFT checkpoints (``adapter_config.json`` next to the shards) become
+PEFT checkpoints (recorded as such, or a folder with ``adapter_config.json``) become
 ``adapter_model.safetensors``. Keys are copied as they are: the PEFT saver writes shard
 keys already in PEFT's own naming (adapter name stripped, as
 ``peft.get_peft_model_state_dict`` returns them), so no renaming happens here.
+
+Loaders read what ``training_step.json`` records, so the record is updated to name the
+new file (and the shards' removal under ``delete_dcp``, before they go).
 
 ``.metadata`` is a pickle: it is read by ``dcp_metadata``'s restricted unpickler (no code
 from the checkpoint runs) and checked against the shard files; chunks are decoded by
@@ -40,12 +43,11 @@ import torch
 from lerobot_kit.core.offline import dcp_metadata
 from lerobot_kit.core.offline.dcp_chunks import ChunkReader, row_blocks
 from lerobot_kit.core.checkpoint.atomic import fsync_dir
+from lerobot_kit.core.checkpoint.stored_weights import StoredWeights
+from lerobot_kit.core.checkpoint.training_step import rewrite_weights_kind
 from lerobot_kit.core.offline.safetensors_header import METADATA_KEY, read_safetensors_header, tensors
 from lerobot_kit.core.checkpoint.paths import (
-    ADAPTER_CONFIG,
-    ADAPTER_WEIGHTS,
     DCP_MODEL_DIR,
-    MODEL_WEIGHTS,
     PRETRAINED_DIR,
     TMP_SUFFIX,
     find_step_dir,
@@ -160,8 +162,8 @@ def convert_dcp(
     started = time.monotonic()
     pretrained = resolve_pretrained_dir(checkpoint_dir)
     dcp_dir = pretrained / DCP_MODEL_DIR
-    peft = (pretrained / ADAPTER_CONFIG).is_file()
-    output = pretrained / (ADAPTER_WEIGHTS if peft else MODEL_WEIGHTS)
+    stored = StoredWeights.of(pretrained)
+    output = pretrained / stored.file_name
     if not dcp_dir.is_dir():
         existing = f"; {output.name} exists and may already hold the weights" if output.exists() else ""
         raise CheckpointError(
@@ -183,6 +185,7 @@ def convert_dcp(
         raise
     os.replace(tmp, output)
     fsync_dir(pretrained)
+    rewrite_weights_kind(pretrained, "gathered" if delete_dcp else "gathered+dcp")
     if delete_dcp:
         try:
             shutil.rmtree(dcp_dir)
@@ -196,7 +199,7 @@ def convert_dcp(
         tensors=len(entries),
         nbytes=sum(e.nbytes for e in entries),
         seconds=time.monotonic() - started,
-        peft=peft,
+        peft=stored.adapter,
         deleted_dcp=delete_dcp,
     )
 

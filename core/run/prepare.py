@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from lerobot_kit.core.checkpoint.save_restore import restore_checkpoint
+from lerobot_kit.core.checkpoint.training_step import TrainingStep
 from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.data.loader import TrainingLoader, build_loader
 from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
@@ -113,7 +114,7 @@ def prepare_run(config: TrainConfig, ctx: DistContext) -> PreparedRun:
     if spec.resume_from is not None:
         restored = restore_checkpoint(run, spec.resume_from)
         start_step, position = restored.step, restored.position
-        _warn_if_not_sample_exact(restored.saved, spec)
+        _warn_if_not_sample_exact(restored.record, spec)
     else:
         # Dropout differs per rank; weights (seeded above) and data order do not depend on it.
         torch.manual_seed(config.seed + ctx.rank)
@@ -158,13 +159,13 @@ def _parallel_model(spec: RunSpec, ctx: DistContext, meta: object) -> Paralleliz
     return parallelize(built.model, built.wrap, dims, spec.config.accelerator, ctx.device, weights_from_main=True)
 
 
-def _warn_if_not_sample_exact(saved: dict[str, object], spec: RunSpec) -> None:
+def _warn_if_not_sample_exact(saved: TrainingStep, spec: RunSpec) -> None:
     config, dims = spec.config, spec.dims
-    same = saved.get("dp_world_size") == dims.dp_world_size and saved.get("batch_size") == config.batch_size
+    same = saved.dp_world_size == dims.dp_world_size and saved.batch_size == config.batch_size
     if not same:
         logger.warning(
             "resuming the data order from the same epoch and sample offset, but not sample-exact: the checkpoint "
-            f"was written with dp_world_size={saved.get('dp_world_size')} batch_size={saved.get('batch_size')}, "
+            f"was written with dp_world_size={saved.dp_world_size} batch_size={saved.batch_size}, "
             f"this run has dp_world_size={dims.dp_world_size} batch_size={config.batch_size}, so each worker's "
             "micro-batches differ from the uninterrupted run"
         )

@@ -126,6 +126,7 @@ def test_fp16_weights_load_through_policy_path(site, tmp_path, plugin):
 
 
 def test_fp16_format_keeps_out_of_range_tensors_in_fp32(plugin, tmp_path):
+    from lerobot_kit.api import model_weights
     from lerobot_kit_mlp.configuration import PendulumDatasetConfig, ResidualMLPConfig
     from lerobot_kit_mlp.dataset import make_pendulum_dataset
     from lerobot_kit_mlp.format import NARROWED_KEY, Fp16SafetensorsFormat
@@ -138,7 +139,7 @@ def test_fp16_format_keeps_out_of_range_tensors_in_fp32(plugin, tmp_path):
     with torch.no_grad():
         policy.head.bias[0] = 1e6  # beyond float16's 65504
     fmt = Fp16SafetensorsFormat()
-    assert fmt.save_weights(policy, tmp_path, sharded=False, is_main=True) == "gathered"
+    assert fmt.save_weights(model_weights(policy), tmp_path, sharded=False, is_main=True) == "gathered"
     with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
         dtypes = {name: f.get_slice(name).get_dtype() for name in f.keys()}
         narrowed = json.loads(f.metadata()[NARROWED_KEY])
@@ -147,12 +148,58 @@ def test_fp16_format_keeps_out_of_range_tensors_in_fp32(plugin, tmp_path):
 
     torch.manual_seed(1)
     fresh = ResidualMLPPolicy(config, meta)
-    fmt.load_weights(fresh, tmp_path, distributed=False, is_main=True)
+    fmt.load_weights(model_weights(fresh), tmp_path, distributed=False, is_main=True)
     for name, param in fresh.state_dict().items():
         expected = policy.state_dict()[name]
         tolerance = 0 if name == "head.bias" else 1e-3
         assert param.dtype == torch.float32
         assert torch.allclose(param, expected, rtol=tolerance, atol=1e-4), name
+
+
+def test_fp16_format_stores_a_peft_adapter_with_no_code_of_its_own(plugin, tmp_path):
+    """The format only encodes: the toolkit's writers pick the adapter's tensors, peft's names
+    and ``adapter_model.safetensors``, which peft itself then loads."""
+    from peft import PeftModel
+
+    from lerobot_kit.api import model_weights
+    from lerobot_kit.core.config.schema import PeftConfig
+    from lerobot_kit.core.model.peft import saved_key_map, wrap_policy
+    from lerobot_kit.core.model.policy import save_pretrained
+    from lerobot_kit_mlp.configuration import PendulumDatasetConfig, ResidualMLPConfig
+    from lerobot_kit_mlp.dataset import make_pendulum_dataset
+    from lerobot_kit_mlp.format import Fp16SafetensorsFormat
+    from lerobot_kit_mlp.modeling import ResidualMLPPolicy
+
+    config = ResidualMLPConfig(width=16, n_blocks=2)
+    dataset = make_pendulum_dataset(PendulumDatasetConfig(num_episodes=2), config.delta_indices())
+
+    def wrapped() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return wrap_policy(ResidualMLPPolicy(config, dataset.meta), PeftConfig(method_type="LORA", r=2), tmp_path)
+
+    model = wrapped()
+    batch = {k: torch.stack([dataset[i][k] for i in range(8)]) for k in dataset[0]}
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    model(batch)[0].backward()
+    optimizer.step()
+    fmt = Fp16SafetensorsFormat()
+    save_pretrained(model, dataset.meta, None, None, None, tmp_path)
+    assert fmt.save_weights(model_weights(model), tmp_path, sharded=False, is_main=True) == "gathered"
+
+    assert not (tmp_path / "model.safetensors").exists()
+    stored = load_file(tmp_path / "adapter_model.safetensors")
+    assert set(stored) == set(saved_key_map(model).values())
+    assert {t.dtype for t in stored.values()} == {torch.float16}
+
+    adapter = {k: v for k, v in model.state_dict().items() if "lora_" in k}
+    theirs = PeftModel.from_pretrained(ResidualMLPPolicy(config, dataset.meta), str(tmp_path))
+    ours = wrapped()
+    fmt.load_weights(model_weights(ours), tmp_path, distributed=False, is_main=True)
+    for loaded in (theirs, ours):
+        for name, tensor in adapter.items():
+            assert loaded.state_dict()[name].dtype == torch.float32
+            torch.testing.assert_close(loaded.state_dict()[name], tensor, rtol=1e-3, atol=1e-4)
+    assert any(not torch.equal(ours.state_dict()[k], wrapped().state_dict()[k]) for k in adapter)
 
 
 def test_policy_contract_meta_build_forward_and_action_queue(plugin):

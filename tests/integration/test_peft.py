@@ -102,7 +102,7 @@ def reproduced_loss(step: Path, scratch: Path) -> float:
     from lerobot_kit.core.offline.convert import convert_dcp
     from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
     from lerobot_kit.core.config.flags import load_train_config_file
-    from lerobot_kit.core.model.peft import load_peft_model
+    from lerobot_kit.core.model.policy import load_peft_model
     from lerobot_kit.core.data.build import build_dataset
 
     config = load_train_config_file(step / "pretrained_model" / "train_config.json")
@@ -171,8 +171,7 @@ def test_loading_the_adapter_gives_the_base_unchanged_and_peft_agrees(runs, base
     """load_pretrained (merged), our unmerged loader, peft's own loader and merge_adapter agree."""
     from peft import PeftModel, get_base_model_state_dict
 
-    from lerobot_kit.core.model.peft import load_peft_model, merge_adapter
-    from lerobot_kit.core.model.policy import load_pretrained
+    from lerobot_kit.core.model.policy import load_peft_model, load_pretrained, merge_adapter
 
     pretrained = step_dir(runs["hsdp2x2"], STEPS) / "pretrained_model"
     ours, pre, _ = load_peft_model(pretrained)
@@ -333,8 +332,8 @@ def test_other_methods_train_save_and_load(base, tmp_path, method):
     """One optimizer step, the adapter-only save every format uses, and a strict reload."""
     from lerobot_kit.core.checkpoint.weights import write_gathered
     from lerobot_kit.core.config.schema import PeftConfig
-    from lerobot_kit.core.model.peft import base_path_of, load_peft_model, wrap_policy
-    from lerobot_kit.core.model.policy import load_pretrained, save_pretrained
+    from lerobot_kit.core.model.peft import base_path_of, model_weights, wrap_policy
+    from lerobot_kit.core.model.policy import load_peft_model, load_pretrained, save_pretrained
     from lerobot_kit.plugins.datasets.reach.plugin import ReachDatasetConfig
     from lerobot_kit.plugins.datasets.reach.data import make_reach_dataset
 
@@ -349,7 +348,7 @@ def test_other_methods_train_save_and_load(base, tmp_path, method):
 
     pretrained = tmp_path / "pretrained_model"
     save_pretrained(model, policy.meta, pre, post, None, pretrained)
-    write_gathered(model, pretrained, sharded=False, is_main=True)
+    write_gathered(model_weights(model), pretrained, sharded=False, is_main=True)
     assert json.loads((pretrained / "adapter_config.json").read_text())["peft_type"] == method
     saved = load_file(pretrained / "adapter_model.safetensors")
     assert len(saved) == sum(p.requires_grad for p in model.parameters())

@@ -18,12 +18,14 @@ STABLE = {
     "build_policy", "load_pretrained", "Policy", "PolicyProcessor", "PolicyDataset", "InMemoryDataset", "DatasetMeta", "FeatureSpec",
     "compute_stats", "STATE_KEY", "ACTION_KEY", "IMAGE_PREFIX", "pad_key", "CheckpointFormat", "write_gathered",
     "write_shards", "load_any_weights", "read_safetensors", "is_peft_model", "MODEL_WEIGHTS", "ADAPTER_WEIGHTS",
-    "DCP_MODEL_DIR", "Launcher", "LaunchEnv", "env_int", "LerobotError", "ConfigError", "CheckpointError",
+    "DCP_MODEL_DIR", "ModelWeights", "model_weights", "gathered_state", "write_weights_file", "load_state",
+    "Launcher", "LaunchEnv", "env_int", "LerobotError", "ConfigError", "CheckpointError",
     "PluginError",
 }
 
 LAZY = {"Policy", "PolicyProcessor", "CheckpointFormat", "write_gathered", "write_shards", "load_any_weights", "read_safetensors",
-        "is_peft_model"}
+        "is_peft_model", "ModelWeights", "model_weights", "gathered_state", "write_weights_file",
+        "load_state"}
 TORCH_FREE = f"""
 import sys
 from lerobot_kit.api import {", ".join(sorted(STABLE - LAZY))}
