@@ -128,3 +128,6 @@ def make_config_class(lerobot_type: str) -> type[LerobotPolicyConfig]:
 CONFIG_CLASSES: dict[str, type[LerobotPolicyConfig]] = {
     lerobot_type: make_config_class(lerobot_type) for lerobot_type in SCHEMAS["policies"]
 }
+# Module attributes under their class names: pickle finds classes that way, and a run's
+# config is pickled to every rank.
+globals().update({config_class.__name__: config_class for config_class in CONFIG_CLASSES.values()})

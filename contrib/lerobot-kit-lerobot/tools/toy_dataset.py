@@ -1,0 +1,44 @@
+"""A small LeRobot v3.0 video dataset, written by LeRobot's own ``LeRobotDataset`` writer
+(the most faithful way to get a dataset exactly as LeRobot records one), for the bridge's
+tests and its benchmark. No download: the frames are generated.
+
+The action is a fixed linear map of the state plus the camera's mean brightness, so a
+policy can learn it from both inputs, and a falling loss means it is learning.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+STATE_DIM = ACTION_DIM = 3
+
+
+def make_dataset(root: Path, repo_id: str, *, episodes: int, length: int, image_hw: tuple[int, int], fps: int = 10) -> Path:
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    height, width = image_hw
+    features = {
+        "observation.state": {"dtype": "float32", "shape": (STATE_DIM,), "names": ["x", "y", "z"]},
+        "action": {"dtype": "float32", "shape": (ACTION_DIM,), "names": ["dx", "dy", "dz"]},
+        "observation.images.top": {
+            "dtype": "video", "shape": (height, width, 3), "names": ["height", "width", "channels"],
+        },
+    }
+    dataset = LeRobotDataset.create(repo_id, fps, features, root=root, robot_type="toy", use_videos=True)
+    rng = np.random.default_rng(0)
+    mix = rng.normal(size=(STATE_DIM, ACTION_DIM)).astype(np.float32)
+    for _ in range(episodes):
+        state = rng.uniform(-1, 1, STATE_DIM).astype(np.float32)
+        for _ in range(length):
+            brightness = (state[0] + 1) / 2
+            image = np.full((height, width, 3), int(40 + 170 * brightness), dtype=np.uint8)
+            image[: height // 2, :, 1] = rng.integers(0, 255)
+            action = (state @ mix + brightness).astype(np.float32)
+            dataset.add_frame({"observation.state": state, "action": action, "observation.images.top": image,
+                               "task": "reach"})
+            state = np.clip(state + 0.1 * np.tanh(action), -1, 1).astype(np.float32)
+        dataset.save_episode()
+    dataset.finalize()
+    return root
