@@ -45,8 +45,13 @@ def largest_batch(activation_bytes: Callable[[int], int], fixed_bytes: int, budg
     if not fits(2):
         return BatchFit(budget_bytes, fixed_bytes, 1, traced)
     low, high = 2, None  # low fits; high, once found, does not
+    halve = False
     while high is None or high - low > 1:
-        guess = _next_guess(traced, budget_bytes - fixed_bytes, low, high)
+        width = None if high is None else high - low
+        if halve and high is not None:
+            guess = (low + high) // 2
+        else:
+            guess = _line_guess(traced, budget_bytes - fixed_bytes, low, high)
         for candidate in (guess, guess + 1):  # the answer is where one fits and the next does not
             if low < candidate and (high is None or candidate < high):
                 if fits(candidate):
@@ -54,14 +59,15 @@ def largest_batch(activation_bytes: Callable[[int], int], fixed_bytes: int, budg
                 else:
                     high = candidate
                     break
+        # The line can creep towards the answer from one side; halve when it did not halve the bracket.
+        halve = width is not None and high is not None and high - low > width // 2
     return BatchFit(budget_bytes, fixed_bytes, low, traced)
 
 
-def _next_guess(traced: dict[int, int], room: int, low: int, high: int | None) -> int:
+def _line_guess(traced: dict[int, int], room: int, low: int, high: int | None) -> int:
     """The largest batch that the line through two traced sizes predicts to fit in ``room``:
-    the two largest (all fit) until one does not, then the bracket's ends. Inside a
-    bracket the line is never below the true growth (which only steepens), so its
-    guess fits; when it lands on an end, halve the bracket instead."""
+    the two largest (all fit) until one does not, then the bracket's ends; halfway when
+    it lands on an end."""
     b0, b1 = sorted(traced)[-2:] if high is None else (low, high)
     a0, a1 = traced[b0], traced[b1]
     slope = (a1 - a0) / (b1 - b0)
