@@ -1,28 +1,48 @@
-"""7. Data: samples/s the sampler and loader deliver, against what a training step consumes.
+"""7. Data: samples/s the data pipeline delivers, against what a step eats and what decoding allows.
 
-For the embedded default dataset and a LeRobot-format dataset on disk (written by the
-tests' dataset factory: parquet data with a PNG camera, read by the ``lerobot``
-dataset plugin), the loader is the one ``lerobot train`` builds (``core.run.
-prepare_run``: ``ResumableBatchSampler`` + ``DataLoader`` with the configured
-workers), drained for a block of batches. The consumer is the bare training step of
-the default ACT on the same dataset and batch (``loop_overhead.bare_loop``), the
-fastest a step can eat. Blocks alternate; the goal is a 10× margin, so data never
-limits a step.
+Loader vs step: for the embedded default dataset and a LeRobot-format dataset on disk
+(written by the tests' dataset factory: parquet data with a PNG camera), the loader is
+the one ``lerobot train`` builds (``core.data.loader.build_loader``), drained for a block
+of batches; the consumer is the bare training step of the default ACT on the same data
+and batch (``loop_overhead.bare_loop``), the fastest a step can eat. Blocks alternate;
+the goal is a 10× margin.
+
+Per worker, on video: on the 2k-frame 480×640 SVT-AV1 (GOP 2) dataset of ``data_video``,
+this process serves batches of 8 exactly as one DataLoader worker does (``build_loader``
+with ``--num_workers=0``: ACT's 100-frame action chunk, the camera frame, collation),
+with uniform random sampling and with ``--dataset.sampler.type=episode_blocks``. The
+reference is the limit of any reader: PyAV decoding the same file front to back, one
+thread, converting every frame as the reader does. Blocks alternate.
+
+Data wait: ``lerobot train`` with ACT at LeRobot's sizes (dim_model 512, feed-forward
+3200, chunk 100, resnet18, batch 8) on that dataset with the default workers; the log's
+``data_s`` (the step's wait for its batch) against the step time, after two warm-up
+steps. resnet18 needs torchvision (the ``vision`` extra); without it ACT's built-in conv
+backbone is used, a shorter step than resnet18's and so a stricter ratio, and the row
+says so.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Callable
 
-from _common import REPO, Context, Result, Row, alternate, judge, paired
+from _common import REPO, Context, Result, Row, alternate, clean_env, judge, paired, run_timed
+from data_video import video_dataset
 from loop_overhead import bare_loop
 
 NAME = "data"
 GOAL = ">= 10"
 BATCH = 8
+BLOCK_GOAL = ">= 0.5"
+WAIT_GOAL = "<= 0.05"
+LEROBOT_ACT = ["--policy.type=act", "--policy.dim_model=512", "--policy.dim_feedforward=3200",
+               "--policy.chunk_size=100", "--policy.n_action_steps=100"]
 
 
 def _lerobot_dataset(ctx: Context) -> list[str]:
@@ -38,13 +58,17 @@ def _lerobot_dataset(ctx: Context) -> list[str]:
 
 def _loader_rate(ctx: Context, flags: list[str], batches: int, slug: str) -> Callable[[], float]:
     """A function giving samples/s over ``batches`` batches of the loader ``lerobot train``
-    builds for ``flags`` (one iterator throughout, as in a run)."""
-    from lerobot_kit.core.distributed.process_group import init_distributed
+    builds for ``flags`` in this process (one iterator throughout, as in a run)."""
+    import torch
+
     from lerobot_kit.core.config.flags import parse_train_config
-    from lerobot_kit.core.run.prepare import prepare_run
+    from lerobot_kit.core.data.build import build_dataset
+    from lerobot_kit.core.data.loader import build_loader
+    from lerobot_kit.core.data.sampler import DataPosition
 
     config = parse_train_config([*flags, f"--output_dir={ctx.folder(NAME, slug) / 'run'}"])
-    iterator = iter(prepare_run(config, init_distributed(60)).loader)
+    loader = build_loader(build_dataset(config), config, 1, 0, DataPosition(), torch.device("cpu"))
+    iterator = iter(loader)
 
     def rate() -> float:
         start = time.perf_counter()
@@ -55,9 +79,25 @@ def _loader_rate(ctx: Context, flags: list[str], batches: int, slug: str) -> Cal
     return rate
 
 
-def run(ctx: Context) -> Result:
+def _front_to_back(video: Path) -> Callable[[], float]:
+    """Frames/s of PyAV decoding ``video`` whole, one thread, each frame converted to RGB."""
+    import av
+
+    def rate() -> float:
+        start, count = time.perf_counter(), 0
+        with av.open(str(video)) as container:
+            stream = container.streams.video[0]
+            stream.codec_context.thread_count = 1
+            for frame in container.decode(stream):
+                frame.to_ndarray(format="rgb24")
+                count += 1
+        return count / (time.perf_counter() - start)
+
+    return rate
+
+
+def _loader_vs_step(ctx: Context, result: Result) -> None:
     datasets = {"reach": ("reach (default)", [])}
-    result = Result()
     if all(importlib.util.find_spec(m) for m in ("pyarrow", "PIL")):
         datasets["lerobot"] = ("lerobot format, 1 camera", _lerobot_dataset(ctx))
     else:
@@ -74,4 +114,66 @@ def run(ctx: Context) -> Result:
             f"{label}: loader vs training step", stats["ours"], stats["reference"], "samples/s", stats["ratio"],
             GOAL, judge(stats["ratio"], GOAL), "consumer: bare ACT step, batch 8",
         ))
+
+
+def _per_worker(ctx: Context, result: Result, root: Path) -> None:
+    flags = ["--dataset.repo_id=bench/video", f"--dataset.root={root}", "--policy.chunk_size=100",
+             "--policy.n_action_steps=100", f"--batch_size={BATCH}", "--num_workers=0"]
+    reference = _front_to_back(next((root / "videos").rglob("*.mp4")))
+    samplers = {"random": [], "episode blocks": ["--dataset.sampler.type=episode_blocks"]}
+    for label, extra in samplers.items():
+        ours = _loader_rate(ctx, [*flags, *extra], ctx.pick(2, 25), f"worker_{label.replace(' ', '_')}")
+        ours()  # warm-up: a decoder opened, the block buffer filled
+        delivered, limit = alternate(ctx.pick(2, 4), ours, reference)
+        stats = paired(delivered, limit)
+        result.details[f"per worker, {label}"] = {**stats, "delivered": delivered, "front_to_back": limit}
+        goal = BLOCK_GOAL if label == "episode blocks" else ""
+        result.rows.append(Row(
+            f"per worker, {label} sampling: samples/s vs PyAV decoding the file front to back", stats["ours"],
+            stats["reference"], "samples/s", stats["ratio"], goal, judge(stats["ratio"], goal),
+            "2k frames 480x640 AV1 GOP 2, batch 8, ACT chunk 100",
+        ))
+
+
+def _data_wait(ctx: Context, result: Result, root: Path) -> None:
+    backbone = "resnet18" if _torchvision_works() else "conv"
+    policy = LEROBOT_ACT if not ctx.smoke else ["--policy.type=act", "--policy.dim_model=32",
+                                                 "--policy.dim_feedforward=64", "--policy.chunk_size=10",
+                                                 "--policy.n_action_steps=10"]
+    policy = [*policy, f"--policy.vision_backbone={backbone}"]
+    steps = ctx.pick(3, 8)
+    out = ctx.folder(NAME, "data_wait") / "run"
+    entry = "import sys; from lerobot_kit.cli.main import cli; sys.argv[0] = 'lerobot'; cli()"
+    argv = [sys.executable, "-c", entry, "train", "--dataset.repo_id=bench/video", f"--dataset.root={root}",
+            *policy, f"--batch_size={BATCH}", f"--steps={steps}", "--log_freq=1", "--save_checkpoint=false",
+            f"--output_dir={out}"]
+    run_timed(argv, clean_env(ctx.workdir), timeout=1800)
+    logged = [json.loads(line) for line in (out / "logs/metrics.jsonl").read_text().splitlines()][2:]
+    wait = sum(m["data_s"] for m in logged)
+    step = sum(BATCH / m["samples_per_s"] for m in logged)
+    ratio = wait / step
+    result.details["data wait"] = {"backbone": backbone, "data_s": [m["data_s"] for m in logged],
+                                   "step_s": [BATCH / m["samples_per_s"] for m in logged]}
+    result.rows.append(Row(
+        f"ACT at LeRobot's sizes ({backbone} backbone), default workers: data wait per step vs step time",
+        wait / len(logged), step / len(logged), "s", ratio, WAIT_GOAL, judge(ratio, WAIT_GOAL),
+        "dim_model 512, feed-forward 3200, chunk 100, batch 8; 480x640 AV1",
+    ))
+
+
+def _torchvision_works() -> bool:
+    """torchvision imports (its wheels pin one torch build: a CUDA one fails on a CPU torch)."""
+    probe = subprocess.run([sys.executable, "-c", "import torchvision.models"], capture_output=True)
+    return probe.returncode == 0
+
+
+def run(ctx: Context) -> Result:
+    result = Result()
+    _loader_vs_step(ctx, result)
+    if importlib.util.find_spec("av") is None:
+        result.details["video"] = "video rows left out: needs pip install 'lerobot-kit[video]'"
+        return result
+    root = video_dataset(ctx, ctx.pick(100, 2000))
+    _per_worker(ctx, result, root)
+    _data_wait(ctx, result, root)
     return result

@@ -39,6 +39,7 @@ MODULES = {
     "checkpoints": "checkpoint_io",
     "convert_dcp": "convert_dcp",
     "startup": "startup",
+    "data_memory": "data_memory",
     "data": "data_throughput",
 }
 

@@ -14,7 +14,8 @@ import pytest
 
 from conftest import REPO
 
-BENCHMARKS = ["loop_overhead", "memory", "dist_overhead", "checkpoints", "convert_dcp", "startup", "data"]
+BENCHMARKS = ["loop_overhead", "memory", "dist_overhead", "checkpoints", "convert_dcp", "startup", "data_memory",
+              "data"]
 
 
 @pytest.mark.timeout(420)

@@ -72,3 +72,15 @@ def test_block_loader_resumes_exactly_and_serves_the_datasets_items(tmp_path: Pa
     assert epoch0 != list(range(80))
     item = dataset[epoch0[5]]
     assert all(torch.equal(straight[1][k][1], item[k]) for k in item)
+
+
+def test_the_embedded_task_samples_blocks_through_the_same_contract() -> None:
+    config = parse_train_config(["--dataset.num_episodes=3", "--dataset.episode_length=10", "--batch_size=5",
+                                 "--dataset.sampler.type=episode_blocks", "--dataset.sampler.block_size=4",
+                                 "--num_workers=0"])
+    dataset = build_dataset(config)
+    assert dataset.episode_lengths().tolist() == [10, 10, 10]
+    loader = build_loader(dataset, config, 1, 0, DataPosition(), torch.device("cpu"))
+    epoch = list(itertools.islice(iter(loader), 6))  # 30 frames, 6 batches of 5
+    assert sorted(torch.cat([b["index"] for b in epoch]).tolist()) == list(range(30))
+    assert torch.equal(epoch[0]["action"][0], dataset[int(epoch[0]["index"][0])]["action"])

@@ -377,3 +377,31 @@ def test_root_without_a_dataset_is_an_error_that_says_how_to_fix(tmp_path: Path)
         load(tmp_path / "nothing")
     assert f"--dataset.root={tmp_path / 'nothing'}: no LeRobot dataset there" in str(error.value)
     assert "--dataset.allow_download=true" in str(error.value)
+
+
+def test_opening_reads_metadata_only_and_the_column_cache_is_built_once(tmp_path: Path) -> None:
+    write_lerobot_dataset(tmp_path, LENGTHS, image=True, video=True)
+    dataset = load(tmp_path)
+    cache = tmp_path / ".lerobot_kit_cache"
+    assert len(dataset) == sum(LENGTHS) and not cache.exists()  # len, features and stats from meta/ alone
+    first = dataset[3]
+    entries = [p for p in (cache / "v1").iterdir() if p.is_dir()]
+    assert [p.name.split("-")[:3] for p in entries] == [["data", "chunk", "000"]]
+    built = {p: p.stat().st_mtime_ns for p in entries[0].iterdir()}
+    again = load(tmp_path)  # another process or rank: maps the same files, builds nothing
+    assert all(torch.equal(first[k], again[3][k]) for k in first)
+    assert {p: p.stat().st_mtime_ns for p in entries[0].iterdir()} == built
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(again))  # what a spawned worker gets: no maps, no open decoders
+    assert copy._columns == {} and all(torch.equal(first[k], copy[3][k]) for k in first)
+
+
+def test_the_column_cache_moves_to_the_user_cache_when_the_dataset_folder_cannot_hold_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "dataset"
+    written = write_lerobot_dataset(root, LENGTHS)
+    (root / ".lerobot_kit_cache").write_text("not a folder")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user_cache"))
+    assert torch.equal(load(root)[5][STATE_KEY], torch.from_numpy(written.state[5]))
+    assert list((tmp_path / "user_cache/lerobot_kit/datasets").glob("*/v1/data-chunk-000-file-000-*/manifest.json"))

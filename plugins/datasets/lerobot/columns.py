@@ -31,7 +31,12 @@ from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
-from lerobot_kit.plugins.datasets.lerobot.files import LeRobotDatasetError, parquet_columns, read_parquet, require_pyarrow
+from lerobot_kit.plugins.datasets.lerobot.files import (
+    LeRobotDatasetError,
+    parquet_columns,
+    read_parquet,
+    require_pyarrow,
+)
 from lerobot_kit.plugins.datasets.lerobot.meta import EpisodeRow, LeRobotInfo, SourceFeature
 
 if TYPE_CHECKING:

@@ -236,6 +236,7 @@ def _to_array(path: Path, key: str, frame: Any, shape: tuple[int, ...]) -> np.nd
     pixels = pixels.reshape(pixels.shape[0], pixels.shape[1], -1).transpose(2, 0, 1)
     if pixels.shape != (channels, height, width):
         raise LeRobotDatasetError(
-            f"{path}: frames of {key!r} are {pixels.shape[2]}x{pixels.shape[1]}; meta/info.json declares {width}x{height}"
+            f"{path}: frames of {key!r} are {pixels.shape[2]}x{pixels.shape[1]}; "
+            f"meta/info.json declares {width}x{height}"
         )
     return pixels
