@@ -211,17 +211,17 @@ def _activation_lines(acts: ActivationPlan, device_bytes: int, gib: float | None
 
 def _fit_line(acts: ActivationPlan, gib: float) -> str:
     fit = acts.fit
-    how = "with" if acts.checkpointing else "without"
-    where = f"{gib:g} GiB per rank ({how} activation checkpointing, as the flags set)"
+    how = f"{'with' if acts.checkpointing else 'without'} activation checkpointing, as the flags set"
     if fit is None:
-        return f"largest --batch_size in {where}: unknown, the step was not traced"
+        return f"largest --batch_size in {gib:g} GiB per rank: unknown, the step was not traced"
     if fit.largest is None:
-        return (f"does not fit: --batch_size=1 needs {human_bytes(fit.needs(1))} per rank in {where} "
+        return (f"does not fit in {gib:g} GiB per rank: --batch_size=1 needs {human_bytes(fit.needs(1))} "
                 f"(parameters, gradients and AdamW state {human_bytes(fit.fixed_bytes)} + activations "
-                f"{human_bytes(fit.traced[1])})")
+                f"{human_bytes(fit.traced[1])}, {how})")
     following = fit.largest + 1
-    return (f"largest --batch_size in {where}: {fit.largest}, needing {human_bytes(fit.needs(fit.largest))}; "
-            f"{following} needs {human_bytes(fit.needs(following))} (both traced)")
+    return (f"largest --batch_size in {gib:g} GiB per rank ({how}): {fit.largest}, needing "
+            f"{human_bytes(fit.needs(fit.largest))}; {following} needs {human_bytes(fit.needs(following))} "
+            "(both traced)")
 
 
 def format_plan(run_plan: RunPlan, device_memory_gb: float | None = None) -> list[str]:

@@ -15,12 +15,14 @@ from click.testing import CliRunner
 from torch import nn
 
 from lerobot_kit.cli.main import cli as cli_group
+from lerobot_kit.cli.plan import format_plan
 from lerobot_kit.core.config.flags import parse_train_config
 from lerobot_kit.core.config.schema import AcceleratorConfig
 from lerobot_kit.core.errors import ConfigError
 from lerobot_kit.core.parallel.dims import ParallelDims
 from lerobot_kit.core.parallel.memory_plan import plan_model, plan_run, shard_numel
 from lerobot_kit.core.parallel.wrap_units import resolve_wrap_units
+from lerobot_kit.plugins.policies.act.modeling import ACTPolicy
 
 
 def _plan(flags: list[str], world_size: int) -> dict[str, Any]:
@@ -33,6 +35,66 @@ def test_unsharded_layouts_hold_everything() -> None:
     for plan in (single, ddp):
         assert plan["units"] == [] and plan["per_rank"] == plan["ddp_per_rank"]
         assert plan["largest_gather_bytes"] is None
+        assert plan["device_bytes"] == plan["per_rank"]["total_bytes"]
+    # Activations do not depend on the number of replicas: each rank steps on --batch_size samples.
+    assert single["activations"] == ddp["activations"]
+
+
+def test_activations_are_planned_with_and_without_checkpointing() -> None:
+    acts = _plan(["--batch_size=6"], 1)["activations"]
+    assert acts["batch_size"] == 6 and acts["activation_checkpointing"] is False
+    assert acts["batch"]["action"] == {"shape": [6, 20, 2], "dtype": "float32"}
+    assert acts["batch"]["action_is_pad"] == {"shape": [6, 20], "dtype": "bool"}
+    # ACT declares 4 encoder layers, 1 decoder layer and 2 CVAE encoder layers as its units.
+    assert acts["checkpoint_units"] == 7 and acts["no_checkpointing"] is None
+    assert 0 < acts["checkpointed_peak_bytes"] < acts["peak_bytes"]
+    assert acts["batch_fit"] is None
+    # The flag changes which figure is the run's, not the figures.
+    on = _plan(["--batch_size=6", "--accelerator.activation_checkpointing=true"], 1)["activations"]
+    assert on["activation_checkpointing"] is True
+    assert (on["peak_bytes"], on["checkpointed_peak_bytes"]) == (acts["peak_bytes"], acts["checkpointed_peak_bytes"])
+
+
+def test_a_policy_without_wrap_units_has_no_checkpointed_figure(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ACTPolicy, "_fsdp_wrap_modules", None)  # as a plugin policy that declares none
+    acts = _plan([], 1)["activations"]
+    assert acts["peak_bytes"] > 0 and acts["checkpointed_peak_bytes"] is None and acts["checkpoint_units"] == 0
+    assert "--accelerator.fsdp.wrap_modules" in acts["no_checkpointing"]
+
+
+def test_sharded_bf16_computes_activations_in_bf16() -> None:
+    """FSDP2's param_dtype makes the units compute (and save) bf16 tensors: about half the float32 figure."""
+    fp32 = _plan(["--parallelism.dp_shard=2"], 2)["activations"]["peak_bytes"]
+    bf16 = _plan(["--parallelism.dp_shard=2", "--accelerator.mixed_precision=bf16"], 2)["activations"]["peak_bytes"]
+    assert 0.4 * fp32 < bf16 < 0.75 * fp32, (bf16, fp32)
+
+
+FIT_FLAGS = ["--batch_size=4", "--policy.dim_model=64", "--policy.n_encoder_layers=1", "--policy.n_vae_encoder_layers=1"]
+
+
+def test_device_memory_gb_finds_the_largest_batch_the_run_fits() -> None:
+    flags = [*FIT_FLAGS, "--accelerator.activation_checkpointing=true"]
+    plan = plan_run(parse_train_config(flags), 1, 0.01)
+    fit = plan.to_json()["activations"]["batch_fit"]
+    largest, traced = fit["largest_batch_size"], {int(b): a for b, a in fit["traced_activation_bytes"].items()}
+    assert fit["budget_bytes"] == 2**30 // 100 and fit["fixed_bytes"] == plan.sharding.device_bytes
+    assert fit["fixed_bytes"] + traced[largest] <= fit["budget_bytes"] < fit["fixed_bytes"] + traced[largest + 1]
+    assert len(traced) < 10
+    # The fit traces the run as its flags set it: with checkpointing, as the plan at that batch size says.
+    at_largest = _plan([*flags, f"--batch_size={largest}"], 1)["activations"]
+    assert traced[largest] == at_largest["checkpointed_peak_bytes"]
+    assert (
+        f"largest --batch_size in 0.01 GiB per rank (with activation checkpointing, as the flags set): {largest},"
+        in "\n".join(format_plan(plan, 0.01))
+    )
+
+
+def test_a_device_too_small_for_one_sample_is_one_line() -> None:
+    result = CliRunner().invoke(cli_group, ["plan", "--world_size=1", "--plan.device_memory_gb", "0.001", *FIT_FLAGS])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stdout.splitlines() if "fit" in line]
+    assert len(lines) == 1, result.stdout
+    assert lines[0].startswith("does not fit in 0.001 GiB per rank: --batch_size=1 needs "), lines[0]
 
 
 PLAN_ERRORS = [
@@ -41,6 +103,10 @@ PLAN_ERRORS = [
     (["--world_size=2", "--parallelism.dp_shard=2", '--accelerator.fsdp.wrap_modules=["Blok"]'],
      "'Blok', which is not a module class of this model"),
     (["--world_size=2", "--policy.dim_modl=8"], "did you mean --policy.dim_model?"),
+    (["--world_size=1", "--plan.device_memory_gb=lots"], "--plan.device_memory_gb=lots: expected a positive number"),
+    (["--world_size=1", "--plan.device_memory_gb=0"], "--plan.device_memory_gb=0: expected a positive number"),
+    (["--world_size=1", "--plan.device_memory_gb=nan"], "--plan.device_memory_gb=nan: expected a positive number"),
+    (["--world_size=1", "--plan.device_memory_gb"], "--plan.device_memory_gb has no value"),
 ]
 
 
