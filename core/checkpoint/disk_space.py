@@ -6,11 +6,14 @@ live tensors, and the ranks compare shares with the free space of the checkpoint
 line naming the folder, the bytes needed and the bytes free, before anything is written.
 
 The estimate cannot see other writers: ranks that share one disk each count only their
-own share, and other programs keep writing. So a write may still fail with ``ENOSPC``
-(``OSError`` from Python, ``SafetensorError`` from safetensors, a ``CheckpointException``
-from DCP wrapping one per rank). Then the main process removes the unfinished
-``NNNNNN.tmp`` folder — a full disk left full would make the retry fail the same way —
-and the run ends with the same kind of line; ``checkpoints/last`` was never touched.
+own share, and other programs keep writing. So a write may still fail with ``ENOSPC``:
+an ``OSError`` from Python, a ``SafetensorError`` from safetensors, a DCP
+``CheckpointException`` wrapping one per rank — or, from torch's zip writer (DCP's
+non-tensor items), an "unexpected pos" error that has lost the errno; so a failed write
+that leaves less than ``OTHER_FILES_BYTES`` free counts as a full disk too. Then the
+main process removes the unfinished ``NNNNNN.tmp`` folder — a full disk left full would
+make the retry fail the same way — and the run ends with the same kind of line;
+``checkpoints/last`` was never touched.
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ def cleaned_up_when_full(run: RunComponents, step: int, needed_total: int) -> It
     try:
         yield
     except BaseException as exc:  # DCP's CheckpointException is a BaseException
-        if not is_disk_full(exc):
+        if not is_disk_full(exc, paths.checkpoints_root(run.output_dir)):
             raise
         raise disk_full(run, step, needed_total) from None
 
@@ -109,13 +112,16 @@ def cleaned_up_when_full(run: RunComponents, step: int, needed_total: int) -> It
 def disk_full(run: RunComponents, step: int, needed_total: int) -> DiskFullError:
     """The error for a save that ran out of space; removes its temporary folder (main process)."""
     tmp = atomic.temp_step_dir(run.output_dir, step)
+    folder = paths.checkpoints_root(run.output_dir)
     if run.ctx.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
-    folder = paths.checkpoints_root(run.output_dir)
+        removed = f"{tmp.name} is removed, which leaves {_mb(free_bytes(folder))} free"
+    else:
+        removed = f"the main process removes {tmp.name}"
     return DiskFullError(
         f"checkpoint of step {step} not written: the disk of {folder} is full (No space left on device while "
-        f"writing it; it needs about {_mb(needed_total)}, {_mb(free_bytes(folder))} are free now that {tmp.name} "
-        f"is removed); {_last_text(run)}; free space or keep fewer checkpoints (--keep_last_checkpoints), then resume"
+        f"writing it; it needs about {_mb(needed_total)}; {removed}); {_last_text(run)}; free space or keep fewer "
+        "checkpoints (--keep_last_checkpoints), then resume"
     )
 
 
@@ -124,14 +130,14 @@ def root_error(exc: BaseException) -> BaseException:
     return next((e for e in underlying_errors(exc) if getattr(e, "failures", None) is None), exc)
 
 
-def is_disk_full(exc: BaseException) -> bool:
-    """Whether ``exc`` or anything it wraps is a write that found no space left."""
+def is_disk_full(exc: BaseException, folder: Path) -> bool:
+    """Whether ``exc``, a failed write into ``folder``, is (or wraps) one that found no space left."""
     for error in underlying_errors(exc):
         if isinstance(error, OSError) and error.errno == errno.ENOSPC:
             return True
         if "No space left on device" in str(error) or "StorageFull" in str(error):
             return True
-    return False
+    return not isinstance(exc, KeyboardInterrupt) and free_bytes(folder) < OTHER_FILES_BYTES
 
 
 def underlying_errors(exc: BaseException) -> Iterator[BaseException]:

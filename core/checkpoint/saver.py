@@ -22,7 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from lerobot_kit.core.checkpoint import atomic, disk_space, retention
+from lerobot_kit.core.checkpoint import atomic, disk_space, paths, retention
 from lerobot_kit.core.checkpoint.save_restore import save_checkpoint, write_checkpoint
 from lerobot_kit.core.checkpoint.shard_writes import deferred_shard_writes, write_deferred
 from lerobot_kit.core.run.components import RunComponents
@@ -111,7 +111,7 @@ class CheckpointSaver:
         try:
             in_flight.future.result()
         except BaseException as exc:  # DCP's CheckpointException is a BaseException
-            if disk_space.is_disk_full(exc):
+            if disk_space.is_disk_full(exc, paths.checkpoints_root(self.run.output_dir)):
                 raise disk_space.disk_full(self.run, in_flight.step, in_flight.needed) from None
             cause = disk_space.root_error(exc)
             raise CheckpointError(

@@ -8,8 +8,10 @@ and every thread's Python stack (``faulthandler``), then ends the process with
 ``STEP_TIMEOUT_EXIT_CODE`` — a non-zero exit, so torchrun restarts the group (or the
 scheduler requeues the job) and the run continues from its last checkpoint.
 
-The loop only stores a timestamp per step (no lock, no syscall); the thread wakes a few
-times per timeout period, so a hang is reported at most a tenth of the timeout late.
+The first step after a (re)start is not timed: it carries one-time work of unbounded
+length (FSDP's lazy initialisation, ``torch.compile``, allocator warm-up). The loop only
+stores a timestamp per step (no lock, no syscall); the thread wakes a few times per
+timeout period, so a hang is reported at most a tenth of the timeout late.
 Waits that release the GIL — collectives, I/O, sleeps, data loading — are covered; code
 that holds the GIL forever would also stop this thread.
 """
@@ -31,7 +33,8 @@ class StepWatchdog:
         self.timeout_s = timeout_s
         self.rank = rank
         self._step = 0
-        self._started_at: float | None = None  # None: between steps (logging, saving)
+        self._started_at: float | None = None  # None: between steps (logging, saving), or the first step
+        self._first = True
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="lerobot-step-watchdog", daemon=True)
 
@@ -40,6 +43,9 @@ class StepWatchdog:
 
     def step_started(self, step: int) -> None:
         self._step = step
+        if self._first:
+            self._first = False
+            return
         self._started_at = time.monotonic()
 
     def step_finished(self) -> None:
