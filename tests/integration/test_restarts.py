@@ -28,7 +28,9 @@ FSDP = [*TINY_ACT, *SMALL_DATA, "--batch_size=4", "--log_freq=10", "--seed=7", "
 STEPS = 60
 
 
-def torchrun_restartable(*args: str, workdir: Path, env: dict[str, str], timeout: float = 420) -> subprocess.CompletedProcess[str]:
+def torchrun_restartable(
+    *args: str, workdir: Path, env: dict[str, str], timeout: float = 420
+) -> subprocess.CompletedProcess[str]:
     """``torchrun --standalone --nproc-per-node=2 --max-restarts=2 $(which lerobot) train ARGS``."""
     command = [script("torchrun"), "--standalone", "--nproc-per-node=2", "--max-restarts=2", script("lerobot"),
                "train", *args]
