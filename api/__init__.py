@@ -24,6 +24,8 @@ Stable:
   ``load_state``, ``load_any_weights``, ``read_safetensors``, ``is_peft_model`` and the
   file names ``MODEL_WEIGHTS``, ``ADAPTER_WEIGHTS``, ``DCP_MODEL_DIR``;
 * launchers: ``Launcher``, ``LaunchEnv``, ``env_int``;
+* evaluation environments: ``EnvConfig`` and ``VectorEnv`` (gymnasium's vector API, keyed
+  by the dataset's feature names; see its docstring and ``lerobot_register_envs``);
 * errors a plugin raises: ``ConfigError`` (bad flags or data for this plugin),
   ``CheckpointError`` (a missing or damaged file), ``PluginError`` (the plugin itself is
   unusable), all ``LerobotError``: the CLI prints their message as one line, without a
@@ -43,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from lerobot_kit.core.checkpoint.paths import ADAPTER_WEIGHTS, DCP_MODEL_DIR, MODEL_WEIGHTS
 from lerobot_kit.core.config.flags import parse_train_config
-from lerobot_kit.core.config.schema import DatasetConfig, PolicyConfig, TrainConfig
+from lerobot_kit.core.config.schema import DatasetConfig, EnvConfig, PolicyConfig, TrainConfig
 from lerobot_kit.core.data.build import build_dataset
 from lerobot_kit.core.data.dataset import (
     ACTION_KEY,
@@ -58,6 +60,7 @@ from lerobot_kit.core.data.dataset import (
 )
 from lerobot_kit.core.distributed.launcher import Launcher, LaunchEnv, env_int
 from lerobot_kit.core.errors import CheckpointError, ConfigError, LerobotError, PluginError
+from lerobot_kit.core.eval.env import VectorEnv
 from lerobot_kit.core.registry.hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -105,6 +108,7 @@ __all__ = [
     "ConfigError",
     "DatasetConfig",
     "DatasetMeta",
+    "EnvConfig",
     "FeatureSpec",
     "InMemoryDataset",
     "LaunchEnv",
@@ -117,6 +121,7 @@ __all__ = [
     "PolicyDataset",
     "PolicyProcessor",
     "TrainConfig",
+    "VectorEnv",
     "build_dataset",
     "build_policy",
     "compute_stats",

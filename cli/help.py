@@ -1,4 +1,4 @@
-"""``train --help`` generated from the config models: every flag, its type, default and help."""
+"""``train --help`` and ``eval --help`` generated from the config models: every flag, its type, default and help."""
 
 from __future__ import annotations
 
@@ -42,24 +42,38 @@ def iter_flags(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, 
         yield f"--{prefix}{name}", _type_name(field.annotation), _default(field), field.description or ""
 
 
-def render_help(policy_class: type[BaseModel], dataset_class: type[BaseModel], registry_names: dict[str, list[str]]) -> str:
-    from lerobot_kit.core.config.schema import TrainConfig
+def selected_type(args: list[str], section: str, default: str) -> str:
+    for arg in args:
+        if arg.startswith(f"--{section}.type="):
+            return arg.split("=", 1)[1]
+    return default
 
-    lines = [
-        "Usage: lerobot train [--section.field=VALUE ...] [--config_path=train_config.json]",
-        "",
-        "Train a policy. Flags override --config_path; values are JSON for lists/dicts.",
-        "Under torchrun / accelerate launch the same flags apply; no --parallelism.* means DDP.",
-    ]
+
+def render_help(usage: list[str], root: type[BaseModel], args: list[str]) -> str:
+    """Every flag of ``root``; a polymorphic section (policy, dataset, env) lists the fields
+    of the type ``args`` pick (``--policy.type=…``), or of its default type."""
+    from lerobot_kit.core.config.flags import POLYMORPHIC
+    from lerobot_kit.core.registry.registry import get_registry
+
+    registry = get_registry()
+    polymorphic = {
+        name: base for name, (_, base) in POLYMORPHIC.items()
+        if name in root.model_fields and root.model_fields[name].annotation is base
+    }
     sections: list[tuple[str, Iterator[tuple[str, str, str, str]]]] = [
-        ("", (f for f in iter_flags(TrainConfig) if not f[0].startswith(("--policy", "--dataset")))),
-        (f"policy ({policy_class.__name__}; types: {', '.join(registry_names['policy'])})", iter_flags(policy_class, "policy.")),
-        (f"dataset ({dataset_class.__name__}; types: {', '.join(registry_names['dataset'])})", iter_flags(dataset_class, "dataset.")),
+        ("", (f for f in iter_flags(root) if f[0].split(".")[0][2:] not in polymorphic)),
     ]
+    for name, base in polymorphic.items():
+        chosen = selected_type(args, name, base.model_fields["type"].default)
+        config_class = getattr(registry, name)(chosen).config_class
+        title = f"{name} ({config_class.__name__}; types: {', '.join(registry.names(name))})"  # type: ignore[arg-type]
+        sections.append((title, iter_flags(config_class, f"{name}.")))
+    lines = list(usage)
     for title, flags in sections:
         if title:
             lines += ["", f"{title}:"]
         for flag, type_name, default, help_text in flags:
             lines.append(f"  {flag}  {type_name}  (default: {default})  {help_text}".rstrip())
-    lines += ["", "Pick --policy.type / --dataset.type before --help to see that type's fields."]
+    choices = " / ".join(f"--{name}.type" for name in polymorphic)
+    lines += ["", f"Pick {choices} before --help to see that type's fields."]
     return "\n".join(lines)

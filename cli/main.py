@@ -12,6 +12,7 @@ import click
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("lerobot_kit.cli.train", "Train a policy (one process, torchrun or accelerate launch)."),
+    "eval": ("lerobot_kit.cli.eval", "Evaluate a checkpoint in an environment, next to the scripted expert."),
     "convert-dcp": ("lerobot_kit.cli.convert_dcp", "Merge DCP weight shards into model.safetensors, offline."),
     "inspect-checkpoint": ("lerobot_kit.cli.inspect_checkpoint", "Show and validate what a checkpoint holds."),
     "plugins": ("lerobot_kit.cli.plugins", "List installed plugins and what each registered."),

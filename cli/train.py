@@ -10,21 +10,17 @@ from lerobot_kit.cli.errors import user_errors
 from lerobot_kit.core.errors import LerobotError, first_line
 
 
-def _selected_type(args: list[str], section: str, default: str) -> str:
-    for arg in args:
-        if arg.startswith(f"--{section}.type="):
-            return arg.split("=", 1)[1]
-    return default
-
-
 def _print_help(args: list[str]) -> None:
     from lerobot_kit.cli.help import render_help
-    from lerobot_kit.core.registry.registry import get_registry
+    from lerobot_kit.core.config.schema import TrainConfig
 
-    registry = get_registry()
-    policy = registry.policy(_selected_type(args, "policy", "act")).config_class
-    dataset = registry.dataset(_selected_type(args, "dataset", "reach")).config_class
-    click.echo(render_help(policy, dataset, {k: registry.names(k) for k in ("policy", "dataset")}))
+    usage = [
+        "Usage: lerobot train [--section.field=VALUE ...] [--config_path=train_config.json]",
+        "",
+        "Train a policy. Flags override --config_path; values are JSON for lists/dicts.",
+        "Under torchrun / accelerate launch the same flags apply; no --parallelism.* means DDP.",
+    ]
+    click.echo(render_help(usage, TrainConfig, args))
 
 
 def run_train(args: list[str]) -> None:

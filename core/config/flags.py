@@ -14,11 +14,11 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from lerobot_kit.core.config.schema import DatasetConfig, PolicyConfig, Section, TrainConfig
+from lerobot_kit.core.config.schema import DatasetConfig, EnvConfig, PolicyConfig, Section, TrainConfig
 from lerobot_kit.core.errors import ConfigError, LerobotError
 
 CONFIG_PATH_FLAG = "config_path"
-POLYMORPHIC = {"policy": ("policy", PolicyConfig), "dataset": ("dataset", DatasetConfig)}
+POLYMORPHIC = {"policy": ("policy", PolicyConfig), "dataset": ("dataset", DatasetConfig), "env": ("env", EnvConfig)}
 
 
 def parse_value(text: str) -> Any:
@@ -131,7 +131,7 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel], prefix
     return lines
 
 
-def _resolve_section(raw: dict[str, Any], key: str, problems: list[str]) -> Section | None:
+def resolve_section(raw: dict[str, Any], key: str, problems: list[str]) -> Section | None:
     """Validate ``raw[key]`` with the config class its ``type`` names in the registry."""
     from lerobot_kit.core.registry.registry import get_registry
 
@@ -148,7 +148,7 @@ def _resolve_section(raw: dict[str, Any], key: str, problems: list[str]) -> Sect
     type_name = value.setdefault("type", base.model_fields["type"].default)
     try:
         registry = get_registry()
-        config_class = (registry.policy if kind == "policy" else registry.dataset)(type_name).config_class
+        config_class = getattr(registry, kind)(type_name).config_class
     except LerobotError as exc:
         problems.append(f"--{key}.type: {exc}")
         return None
@@ -174,7 +174,7 @@ def build_train_config(raw: dict[str, Any]) -> TrainConfig:
     from lerobot_kit.core.registry.registry import get_registry
 
     problems: list[str] = []
-    sections = {key: _resolve_section(raw, key, problems) for key in POLYMORPHIC}
+    sections = {key: resolve_section(raw, key, problems) for key in POLYMORPHIC}
     rest = {k: v for k, v in raw.items() if k not in POLYMORPHIC}
     config = None
     try:

@@ -141,6 +141,22 @@ class TrackioConfig(Section):
     project: str = Field("lerobot-kit", description="trackio project.")
 
 
+class EnvConfig(Section):
+    """Fields every evaluation environment has; an environment plugin subclasses this with its own."""
+
+    type: str = Field("reach", description="Evaluation environment type, from the plugin registry (`lerobot plugins`).")
+
+
+class EvalConfig(Section):
+    """Closed-loop evaluation. Episodes run in batches of ``batch_size`` (one vectorised
+    environment each); a batch is the unit dealt to ranks, so results depend on
+    ``(checkpoint, seed, n_episodes, batch_size)`` and not on the number of processes."""
+
+    n_episodes: int = Field(50, ge=1, description="Episodes per evaluation; episode i starts from seed --seed + i (in training too).")
+    batch_size: int = Field(4, ge=1, description="Environments stepped together (and the unit of work of a rank).")
+    max_episodes_rendered: int = Field(4, ge=0, description="Record the first N episodes as mp4 videos (PyAV).")
+
+
 class PreemptionConfig(Section):
     """How a run stops on request: at a step boundary that every rank agrees on, with a checkpoint."""
 
@@ -215,6 +231,11 @@ class TrainConfig(Section):
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     trackio: TrackioConfig = Field(default_factory=TrackioConfig)
+    eval_freq: int = Field(
+        0, ge=0, description="Evaluate the policy in --env every N steps (and at the end), across all ranks; 0: never."
+    )
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    env: SerializeAsAny[EnvConfig] = Field(default_factory=EnvConfig)
 
     @field_validator("resume", mode="before")
     @classmethod

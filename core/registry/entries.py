@@ -16,16 +16,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from lerobot_kit.core.config.schema import DatasetConfig, PolicyConfig
+from lerobot_kit.core.config.schema import DatasetConfig, EnvConfig, PolicyConfig
 from lerobot_kit.core.errors import PluginError, first_line
 
 if TYPE_CHECKING:
     from lerobot_kit.core.checkpoint.weights import CheckpointFormat
     from lerobot_kit.core.data.dataset import PolicyDataset
     from lerobot_kit.core.distributed.launcher import Launcher
+    from lerobot_kit.core.eval.env import VectorEnv
     from lerobot_kit.core.model.policy import Policy
 
-Kind = Literal["policy", "dataset", "checkpoint_format", "launcher"]
+Kind = Literal["policy", "dataset", "checkpoint_format", "launcher", "env"]
 DISABLE_ENV = "LEROBOT_DISABLE_PLUGINS"
 DatasetFactory = Callable[[DatasetConfig, dict[str, list[int]]], "PolicyDataset"]
 
@@ -169,7 +170,30 @@ class LauncherEntry(Entry):
         return launcher
 
 
+@dataclass
+class EnvEntry(Entry):
+    """``register(name, config_class, factory)``: the config class is checked at registration."""
+
+    kind: ClassVar[Kind] = "env"
+    config_class: type[EnvConfig]
+
+    def build(self, config: EnvConfig, num_envs: int) -> VectorEnv:
+        """Call the factory; what it returns must be a ``VectorEnv`` of ``num_envs`` environments."""
+        from lerobot_kit.core.eval.env import VectorEnv
+
+        factory = self._resolve()
+        if not callable(factory):
+            raise self._refuse(factory, "a callable factory(config, num_envs)")
+        env = factory(config, num_envs)
+        if not (isinstance(env, VectorEnv) and env.num_envs == num_envs):
+            raise PluginError(
+                f"{self.plugin.describe()}: the factory of {self._label()} returned {type(env).__name__}, "
+                f"which is not a lerobot_kit.api.VectorEnv of num_envs={num_envs} environments"
+            )
+        return env
+
+
 ENTRY_TYPES: dict[Kind, type[Entry]] = {
-    entry.kind: entry for entry in (PolicyEntry, DatasetEntry, CheckpointFormatEntry, LauncherEntry)
+    entry.kind: entry for entry in (PolicyEntry, DatasetEntry, CheckpointFormatEntry, LauncherEntry, EnvEntry)
 }
-CONFIG_BASES: dict[Kind, type] = {"policy": PolicyConfig, "dataset": DatasetConfig}
+CONFIG_BASES: dict[Kind, type] = {"policy": PolicyConfig, "dataset": DatasetConfig, "env": EnvConfig}

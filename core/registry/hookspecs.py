@@ -60,9 +60,20 @@ def lerobot_register_launchers(register: Callable[..., None]) -> None:
     """
 
 
+@hookspec
+def lerobot_register_envs(register: Callable[..., None]) -> None:
+    """Register evaluation environments: ``register(name, config_class, factory)``.
+
+    ``config_class`` subclasses ``lerobot_kit.api.EnvConfig``; ``factory`` (or its
+    ``"module:function"`` path) is called as ``factory(config, num_envs)`` and returns a
+    ``lerobot_kit.api.VectorEnv`` of ``num_envs`` copies of the task, stepped together.
+    """
+
+
 HOOK_KINDS: dict[str, Kind] = {
     "lerobot_register_policies": "policy",
     "lerobot_register_datasets": "dataset",
     "lerobot_register_checkpoint_formats": "checkpoint_format",
     "lerobot_register_launchers": "launcher",
+    "lerobot_register_envs": "env",
 }

@@ -28,6 +28,7 @@ from lerobot_kit.core.registry.entries import (
     CheckpointFormatEntry,
     DatasetEntry,
     Entry,
+    EnvEntry,
     Kind,
     LauncherEntry,
     PluginInfo,
@@ -49,6 +50,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "lerobot_dataset": "lerobot_kit.plugins.datasets.lerobot.plugin",
     "builtin_formats": "lerobot_kit.plugins.formats",
     "builtin_launchers": "lerobot_kit.plugins.launchers",
+    "reach_env": "lerobot_kit.plugins.envs.reach.plugin",
 }
 
 E = TypeVar("E", bound=Entry)
@@ -67,6 +69,9 @@ class Registry:
 
     def dataset(self, name: str) -> DatasetEntry:
         return self._find("dataset", name, DatasetEntry)
+
+    def env(self, name: str) -> EnvEntry:
+        return self._find("env", name, EnvEntry)
 
     def checkpoint_format(self, name: str) -> CheckpointFormat:
         """A ready instance of the format registered as ``name``."""

@@ -21,6 +21,7 @@ from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
 from lerobot_kit.core.distributed.accelerate_guard import check_accelerate_env
 from lerobot_kit.core.distributed.process_group import DistContext, barrier, broadcast_object, init_distributed, shutdown
 from lerobot_kit.core.errors import CheckpointError, ConfigError
+from lerobot_kit.core.eval.training import evaluation_hooks
 from lerobot_kit.core.model.build import build_model
 from lerobot_kit.core.parallel.parallelized import Parallelized
 from lerobot_kit.core.parallel.pipeline import parallelize
@@ -130,8 +131,11 @@ def _train(config: TrainConfig, ctx: DistContext) -> TrainResult:
         for line in format_banner(run, prepared.dataset_len, prepared.start_step):
             logger.info(line)
     tracker = make_tracker(run.spec, ctx)
+    hooks = evaluation_hooks(run, tracker)
     barrier(ctx)
-    trainer = Trainer(run, iter(prepared.loader), prepared.sampler, prepared.start_step, prepared.position, tracker)
+    trainer = Trainer(
+        run, iter(prepared.loader), prepared.sampler, prepared.start_step, prepared.position, tracker, hooks
+    )
     try:
         result = trainer.fit()
     finally:

@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -46,6 +46,7 @@ class Trainer:
         start_step: int,
         position: DataPosition,
         tracker: Tracker,
+        step_hooks: Sequence[Callable[[int], None]] = (),
     ) -> None:
         self.run = run
         self.tracker = tracker
@@ -59,6 +60,9 @@ class Trainer:
         self.global_batch = config.batch_size * run.dims.dp_world_size
         self.saver = CheckpointSaver(run)
         self.guards = RunGuards(run)  # stop on signals, hang watchdog: around the loop, not in it
+        # Called with the step number after each step, its log line and its checkpoint; each
+        # hook decides whether the step is its own (evaluation: core.eval.training).
+        self.step_hooks = list(step_hooks)
 
     def _is_sync_step(self, step: int) -> bool:
         """Last micro-batch of an accumulation window, or the very last step of the run."""
@@ -139,6 +143,10 @@ class Trainer:
             self.saver.poll()
             if config.save_checkpoint and (self.step % config.save_freq == 0 or self.step == config.steps):
                 self.saver.save(self.step, self.position)
+            hooks_start = time.perf_counter()
+            for hook in self.step_hooks:
+                hook(self.step)
+            window_start += time.perf_counter() - hooks_start  # their time is not training throughput
         stopped = self.guards.stopped_by
         if stopped is not None and config.save_checkpoint and self.step % config.save_freq:
             self.saver.save(self.step, self.position)  # where every rank agreed to stop

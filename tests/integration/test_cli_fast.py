@@ -15,7 +15,7 @@ import pytest
 
 from conftest import REPO, run_cli
 
-LIGHT = [["--help"], ["train", "--help"], ["plan", "--help"], ["convert-dcp", "--help"],
+LIGHT = [["--help"], ["train", "--help"], ["eval", "--help"], ["plan", "--help"], ["convert-dcp", "--help"],
          ["inspect-checkpoint", "--help"], ["plugins"]]
 
 
@@ -36,7 +36,7 @@ def test_light_commands_do_not_import_torch(args: list[str]) -> None:
 
 def test_group_help_lists_every_documented_command() -> None:
     documented = re.findall(r"^\| `lerobot ([a-z-]+)`", (REPO / "README.md").read_text(), re.MULTILINE)
-    assert sorted(documented) == ["convert-dcp", "inspect-checkpoint", "plan", "plugins", "train"]
+    assert sorted(documented) == ["convert-dcp", "eval", "inspect-checkpoint", "plan", "plugins", "train"]
     result = run_cli("--help", timeout=60)
     assert result.returncode == 0, result.stderr
     listed = re.findall(r"^  ([a-z-]+)\s", result.stdout.split("Commands:", 1)[1], re.MULTILINE)

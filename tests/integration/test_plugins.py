@@ -15,7 +15,7 @@ from plugin_dists import env_with, make_distribution
 PLUGIN_MODULE = '''
 from typing import Callable
 from pydantic import Field
-from lerobot_kit.api import DatasetConfig, PolicyConfig, hookimpl
+from lerobot_kit.api import DatasetConfig, EnvConfig, PolicyConfig, hookimpl
 
 class TinyConfig(PolicyConfig):
     type: str = "tiny"
@@ -23,6 +23,10 @@ class TinyConfig(PolicyConfig):
 
 class TinyDataConfig(DatasetConfig):
     type: str = "tinydata"
+
+class TinyEnvConfig(EnvConfig):
+    type: str = "tinyenv"
+    size: int = Field(3, description="Size of the tiny environment.")
 
 @hookimpl
 def lerobot_register_policies(register: Callable) -> None:
@@ -39,6 +43,10 @@ def lerobot_register_checkpoint_formats(register: Callable) -> None:
 @hookimpl
 def lerobot_register_launchers(register: Callable) -> None:
     register("tinylauncher", "tinyplug_impl:Launcher")
+
+@hookimpl
+def lerobot_register_envs(register: Callable) -> None:
+    register("tinyenv", TinyEnvConfig, "tinyplug_impl:TinyEnv")
 '''
 
 
@@ -51,7 +59,7 @@ def test_every_hook_is_registered_by_a_third_party_plugin_and_listed(tmp_path):
     assert (tiny["package"], tiny["version"], tiny["builtin"]) == ("tinyplug", "1.2.3", False)
     kinds = {item["kind"]: item["name"] for item in tiny["registered"]}
     assert kinds == {"policy": "tiny", "dataset": "tinydata", "checkpoint_format": "tinyformat",
-                     "launcher": "tinylauncher"}
+                     "launcher": "tinylauncher", "env": "tinyenv"}
     assert set(kinds) == set(hookspecs.HOOK_KINDS.values())
     assert rows["act"]["builtin"] is True
 
@@ -118,6 +126,9 @@ def test_plugin_config_fields_are_validated_and_listed_in_help(tmp_path):
     result = run_cli("train", "--policy.type=tiny", "--help", env=env_with(site))
     assert result.returncode == 0, result.stderr
     assert "--policy.width  int  (default: 8)  Width of the tiny policy." in result.stdout
+    env_help = run_cli("eval", "--env.type=tinyenv", "--help", env=env_with(site))
+    assert env_help.returncode == 0, env_help.stderr
+    assert "--env.size  int  (default: 3)  Size of the tiny environment." in env_help.stdout
     bad = run_cli("train", "--policy.type=tiny", "--policy.widht=3", env=env_with(site))
     assert bad.returncode == 2
     assert "did you mean --policy.width?" in bad.stderr

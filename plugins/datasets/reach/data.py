@@ -52,7 +52,7 @@ def make_reach_dataset(config: ReachDatasetConfig, delta_indices: dict[str, list
     }
     if config.image:
         size = config.image_size
-        frames[IMAGE_KEY] = _render(states[:, 0:2], states[:, 2:4], size)
+        frames[IMAGE_KEY] = render(states[:, 0:2], states[:, 2:4], size)
         features[IMAGE_KEY] = FeatureSpec("image", (3, size, size), ["channels", "height", "width"])
     meta = DatasetMeta(
         features=features,
@@ -75,18 +75,32 @@ def _rollout(num_episodes: int, length: int, seed: int) -> tuple[np.ndarray, np.
     actions = np.empty((num_episodes, length, len(ACTION_NAMES)))
     for t in range(length):
         states[:, t] = np.concatenate([pos, target, prev], axis=1)
-        command = GAIN * (target - pos)
-        speed = np.linalg.norm(command, axis=1, keepdims=True)
-        command *= np.minimum(1.0, MAX_SPEED / np.maximum(speed, 1e-12))
-        action = SMOOTHING * prev + (1.0 - SMOOTHING) * command
+        action = expert_action(pos, target, prev)
         actions[:, t] = action
-        pos = pos + action / FPS
+        pos = move(pos, action)
         prev = action
     flat = (num_episodes * length, -1)
     return states.reshape(flat).astype(np.float32), actions.reshape(flat).astype(np.float32)
 
 
-def _render(agent: np.ndarray, target: np.ndarray, size: int) -> np.ndarray:
+def expert_action(pos: np.ndarray, target: np.ndarray, prev: np.ndarray) -> np.ndarray:
+    """The expert's next command [n,2] for agents at ``pos`` whose last command was ``prev``.
+
+    Public because the reach environment (``plugins.envs.reach``) drives the same expert,
+    so its baseline is the policy's teacher, not a look-alike.
+    """
+    command = GAIN * (target - pos)
+    speed = np.linalg.norm(command, axis=1, keepdims=True)
+    command *= np.minimum(1.0, MAX_SPEED / np.maximum(speed, 1e-12))
+    return SMOOTHING * prev + (1.0 - SMOOTHING) * command
+
+
+def move(pos: np.ndarray, action: np.ndarray) -> np.ndarray:
+    """The dynamics: one frame of the commanded velocity (shared with the environment)."""
+    return pos + action / FPS
+
+
+def render(agent: np.ndarray, target: np.ndarray, size: int) -> np.ndarray:
     """Top-down uint8 images [N,3,size,size]: Gaussian blobs, +y up, arena [-1,1]^2."""
     xs = np.linspace(-1.0, 1.0, size)
     ys = xs[::-1]

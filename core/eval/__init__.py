@@ -1,0 +1,1 @@
+"""Closed-loop evaluation: policies driven in vectorised environments, measured against a scripted expert."""

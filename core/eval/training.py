@@ -1,0 +1,95 @@
+"""Evaluation during training: a step hook the trainer calls after every step.
+
+At each ``--eval_freq`` step (and the last) every rank evaluates its share of the
+episodes on a plain copy of the policy built from the *gathered* weights, the very
+weights ``model.safetensors`` of that step holds. Sharded forward passes would need
+every rank to call the model the same number of times, and episodes end at different
+steps on different ranks; a gathered copy lets each rank run its episodes alone, and
+its numbers equal ``lerobot eval`` on the checkpoint of that step. The cost is one full
+fp32 copy of the model per rank while evaluating.
+
+Training is not disturbed: the copy is new (the trained model's mode, action queues
+and parameters are never touched), and the torch RNG is forked around everything that
+draws from it (building the copy seeds it; a diffusion policy samples noise), so a run
+with evaluation trains bit-identically to one without and resumes exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from lerobot_kit.core.checkpoint.paths import step_dir_name
+from lerobot_kit.core.eval.evaluate import Evaluator
+from lerobot_kit.core.eval.metrics import metrics_row, summary
+from lerobot_kit.core.model.build import build_model
+from lerobot_kit.core.model.peft import is_peft_model
+from lerobot_kit.core.model.policy import Policy
+from lerobot_kit.core.run.components import RunComponents
+from lerobot_kit.core.run.tracking import Tracker
+
+logger = logging.getLogger("lerobot_kit")
+
+EVAL_DIR = "eval"
+
+
+class TrainingEvaluation:
+    """``hook(step)``: evaluates at the configured steps, logs one row per evaluation."""
+
+    def __init__(self, run: RunComponents, tracker: Tracker) -> None:
+        config = run.config
+        self.run = run
+        self.tracker = tracker
+        # Built at start-up, so an environment that does not fit stops the run before step 1.
+        self.evaluator = Evaluator(config.env, config.eval, config.seed, run.ctx, run.meta)
+
+    def __call__(self, step: int) -> None:
+        config = self.run.config
+        if step % config.eval_freq and step != config.steps:
+            return
+        output_dir = eval_output(self.run.output_dir, step)
+        info = self.evaluator.run(self._policy_copy(), self.run.preprocessor, self.run.postprocessor,
+                                  output_dir, {"step": step})
+        if info is None:
+            return
+        row = metrics_row(info, step)
+        logger.info(f"eval step {step} | {summary(info)} | {output_dir}")
+        metrics = self.run.output_dir / "logs" / "metrics.jsonl"
+        metrics.parent.mkdir(parents=True, exist_ok=True)
+        with metrics.open("a") as handle:
+            handle.write(json.dumps(row) + "\n")
+        self.tracker.log(row, step)
+
+    def _policy_copy(self) -> Policy:
+        """Collective when sharded: the trained policy, unsharded, unwrapped, with PEFT adapters merged."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        run = self.run
+        model = run.parallel.model
+        if run.dims.sharded:
+            state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        else:
+            state = model.state_dict()
+        devices = [run.ctx.device] if run.ctx.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            copy = build_model(run.spec, run.meta, torch.device("meta")).model
+        copy.to_empty(device=run.ctx.device)
+        copy.load_state_dict(state, strict=True)
+        del state
+        policy = copy.merge_and_unload() if is_peft_model(copy) else copy
+        assert isinstance(policy, Policy)
+        return policy
+
+
+def evaluation_hooks(run: RunComponents, tracker: Tracker) -> list[TrainingEvaluation]:
+    """The trainer's step hooks: one evaluation when ``--eval_freq`` is set, else none."""
+    return [TrainingEvaluation(run, tracker)] if run.config.eval_freq else []
+
+
+def eval_output(output_dir: Path, step: int) -> Path:
+    """``<output_dir>/eval/<step>/``: numbered as ``checkpoints/<step>/``, outside it, so checkpoint
+    folders stay exactly what the checkpoint code writes and publishes."""
+    return output_dir / EVAL_DIR / step_dir_name(step)

@@ -1,0 +1,231 @@
+"""``lerobot eval`` and ``--eval_freq`` through the installed console script, with real gloo ranks.
+
+Policies here are tiny and barely trained: these tests check what evaluation computes and
+writes, not how good a policy is (the success figure is benchmarks/eval_success.py's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import av
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import TINY_ACT, launch_env, read_metrics, run_cli, torchrun_train
+from plugin_dists import env_with, make_distribution
+
+DATA = ["--dataset.num_episodes=4", "--dataset.episode_length=20"]
+SHORT = ["--env.episode_length=30"]  # evaluation episodes of 30 steps: cheap, and long enough to move
+EVAL = ["--eval_freq=20", "--eval.n_episodes=8", "--eval.max_episodes_rendered=2", *SHORT]
+
+
+def train(workdir: Path, name: str, *args: str) -> Path:
+    """A one-process run; its output folder."""
+    output = workdir / name
+    result = run_cli("train", f"--output_dir={output}", *DATA, "--batch_size=4", "--log_freq=2", *args,
+                     env=launch_env(workdir), timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return output
+
+
+def evaluate(*args: str, workdir: Path, env: dict[str, str] | None = None):
+    return run_cli("eval", *args, env=launch_env(workdir, env), timeout=240, cwd=workdir)
+
+
+def eval_info(folder: Path) -> dict:
+    return json.loads((folder / "eval_info.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def act(tmp_path_factory) -> Path:
+    """A tiny ACT checkpoint (a step folder)."""
+    root = tmp_path_factory.mktemp("act")
+    return train(root, "run", *TINY_ACT, "--steps=4") / "checkpoints" / "000004"
+
+
+def test_eval_writes_eval_info_videos_and_plot_and_prints_one_line(act, tmp_path):
+    result = evaluate(f"--policy.path={act}", "--eval.n_episodes=3", "--eval.batch_size=2",
+                      "--eval.max_episodes_rendered=1", *SHORT, "--output_dir=out", workdir=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("eval: success ") and "(expert " in lines[0], result.stdout
+    out = tmp_path / "out"
+    info = eval_info(out)
+    assert [r["seed"] for r in info["per_episode"]] == [1000, 1001, 1002]
+    assert info["setup"]["policy_path"] == str(act.resolve())
+    assert info["video_paths"] == ["videos/eval_episode_0.mp4"] and (out / "rollouts.png").is_file()
+    with av.open(str(out / info["video_paths"][0])) as container:
+        frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    assert 1 < len(frames) <= 31 and frames[0].shape == (128, 128, 3)  # reset + at most 30 steps
+
+
+def test_bad_input_is_one_line_with_the_fix(act, tmp_path):
+    missing = evaluate("--eval.n_episodes=2", workdir=tmp_path)
+    assert missing.returncode == 2 and missing.stderr.startswith("error: --policy.path: required")
+    unknown = evaluate(f"--policy.path={act}", "--env.type=rech", workdir=tmp_path)
+    assert unknown.returncode == 2 and "unknown env 'rech'. Did you mean 'reach'?" in unknown.stderr
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "eval_info.json").write_text("{}")
+    taken = evaluate(f"--policy.path={act}", "--output_dir=taken", workdir=tmp_path)
+    assert taken.returncode == 2 and "--output_dir=taken already exists and is not empty" in taken.stderr
+    # A dcp-only checkpoint (shards, no model.safetensors) is refused with the command that merges them.
+    shards_only = tmp_path / "dcp" / "000004"
+    shutil.copytree(act, shards_only)
+    (shards_only / "pretrained_model" / "model.safetensors").unlink()
+    (shards_only / "pretrained_model" / "pytorch_model_fsdp_0").mkdir()
+    dcp = evaluate(f"--policy.path={shards_only}", workdir=tmp_path)
+    assert dcp.returncode != 0 and f"lerobot convert-dcp --checkpoint_dir={shards_only}" in dcp.stderr
+    for result in (missing, unknown, taken, dcp):
+        assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_camera_policy_needs_the_camera_and_evaluates_with_it(tmp_path):
+    run = train(tmp_path, "run", *TINY_ACT, "--dataset.image=true", "--dataset.image_size=16", "--steps=2")
+    checkpoint = f"--policy.path={run / 'checkpoints' / 'last'}"
+    blind = evaluate(checkpoint, *SHORT, workdir=tmp_path)
+    assert blind.returncode == 2 and len(blind.stderr.splitlines()) == 1, blind.stderr
+    assert "env 'reach' does not fit this policy: observation.images.top (image 3x16x16) is missing" in blind.stderr
+    seeing = evaluate(checkpoint, "--env.image=true", "--env.image_size=16", "--eval.n_episodes=2",
+                      "--eval.max_episodes_rendered=0", *SHORT, "--output_dir=out", workdir=tmp_path)
+    assert seeing.returncode == 0, seeing.stderr[-3000:]
+    assert len(eval_info(tmp_path / "out")["per_episode"]) == 2
+
+
+def test_a_peft_checkpoint_evaluates_as_its_merged_policy(act, tmp_path):
+    from lerobot_kit.core.model.peft import merge_adapter
+
+    run = train(tmp_path, "lora", f"--policy.path={act}", "--peft.method_type=LORA", "--peft.r=4",
+                "--optimizer.lr=1e-2", "--steps=4")
+    adapter = run / "checkpoints" / "000004"
+    merged = merge_adapter(adapter / "pretrained_model", tmp_path / "merged")
+    common = ["--eval.n_episodes=3", "--eval.max_episodes_rendered=0", *SHORT]
+    for path, out in ((adapter, "adapter_eval"), (merged, "merged_eval")):
+        result = evaluate(f"--policy.path={path}", *common, f"--output_dir={out}", workdir=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert eval_info(tmp_path / "adapter_eval")["per_episode"] == eval_info(tmp_path / "merged_eval")["per_episode"]
+
+
+def test_the_diffusion_policy_evaluates(tmp_path):
+    run = train(tmp_path, "run", "--policy.type=diffusion", "--policy.dim_model=32", "--policy.dim_feedforward=64",
+                "--policy.n_layers=1", "--policy.horizon=8", "--policy.n_action_steps=4",
+                "--policy.num_inference_steps=2", "--steps=2")
+    result = evaluate(f"--policy.path={run}/checkpoints/last", "--eval.n_episodes=2",
+                      "--eval.max_episodes_rendered=1", *SHORT, "--output_dir=out", workdir=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    info = eval_info(tmp_path / "out")
+    assert len(info["per_episode"]) == 2 and info["video_paths"] == ["videos/eval_episode_0.mp4"]
+
+
+DRIFT_PLUGIN = '''
+from typing import Callable
+
+import numpy as np
+from pydantic import Field
+
+from lerobot_kit.api import ACTION_KEY, STATE_KEY, EnvConfig, FeatureSpec, VectorEnv, hookimpl
+
+
+class DriftConfig(EnvConfig):
+    type: str = "drift"
+    wind: float = Field(0.0, description="Added to every command.")
+
+
+class DriftEnv(VectorEnv):
+    """Reach's state layout, the target always at the origin; no camera, no expert."""
+
+    fps = 10
+    max_episode_steps = 12
+
+    def __init__(self, config: DriftConfig, num_envs: int) -> None:
+        self.config, self.num_envs = config, num_envs
+        self.features = {STATE_KEY: FeatureSpec("float32", (6,)), ACTION_KEY: FeatureSpec("float32", (2,))}
+
+    def reset(self, seed):
+        self.pos = np.stack([np.random.default_rng(s).uniform(-1, 1, 2) for s in seed])
+        self.prev, self.t = np.zeros_like(self.pos), 0
+        return self._observation(), {"is_success": np.zeros(self.num_envs, dtype=bool)}
+
+    def step(self, action):
+        self.prev = np.asarray(action, dtype=np.float64)
+        self.pos = self.pos + (self.prev + self.config.wind) / self.fps
+        self.t += 1
+        distance = np.linalg.norm(self.pos, axis=1)
+        truncated = np.full(self.num_envs, self.t >= self.max_episode_steps)
+        return self._observation(), -distance, distance < 0.05, truncated, {"is_success": distance < 0.05}
+
+    def _observation(self):
+        state = np.concatenate([self.pos, np.zeros_like(self.pos), self.prev], axis=1)
+        return {STATE_KEY: state.astype(np.float32)}
+
+
+@hookimpl
+def lerobot_register_envs(register: Callable) -> None:
+    register("drift", DriftConfig, "driftplug:DriftEnv")
+'''
+
+
+def test_a_third_party_environment_evaluates_without_expert_or_camera(act, tmp_path):
+    site = make_distribution(tmp_path / "site", "driftplug", DRIFT_PLUGIN)
+    runs = {}
+    for wind in ("0", "5"):
+        result = evaluate(f"--policy.path={act}", "--env.type=drift", f"--env.wind={wind}", "--eval.n_episodes=3",
+                          f"--output_dir=out{wind}", workdir=tmp_path, env=env_with(site))
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "expert" not in result.stdout
+        runs[wind] = eval_info(tmp_path / f"out{wind}")
+    calm = runs["0"]
+    assert calm["expert"] is None and calm["video_paths"] == [] and not (tmp_path / "out0" / "rollouts.png").exists()
+    assert [r["seed"] for r in calm["per_episode"]] == [1000, 1001, 1002]
+    assert calm["setup"]["env"] == {"type": "drift", "wind": 0.0}
+    # A gale of 5 units/s blows every episode away from the origin: the plugin's dynamics ran.
+    assert runs["5"]["aggregated"]["avg_sum_reward"] < calm["aggregated"]["avg_sum_reward"] - 10
+
+
+def test_eval_during_fsdp_training_is_split_reduced_and_leaves_training_alone(tmp_path):
+    """Two FSDP ranks evaluate 8 episodes at steps 20 and 40. Each row counts all 8 and equals
+    ``lerobot eval`` (one process) on that step's checkpoint; the weights equal a run without
+    evaluation, and a resume from step 20 reproduces step 40 exactly."""
+    common = [*TINY_ACT, *DATA, "--batch_size=4", "--parallelism.dp_shard=2", "--steps=40", "--save_freq=20",
+              "--log_freq=20"]
+    torchrun_train(2, *common, *EVAL, f"--output_dir={tmp_path / 'with'}", workdir=tmp_path)
+    torchrun_train(2, *common, f"--output_dir={tmp_path / 'without'}", workdir=tmp_path)
+
+    rows = [row for row in read_metrics(tmp_path / "with") if "eval/pc_success" in row]
+    assert [(row["step"], row["eval/n_episodes"]) for row in rows] == [(20, 8), (40, 8)]
+    assert all("loss" in row for row in read_metrics(tmp_path / "without"))
+    single = evaluate(f"--policy.path={tmp_path / 'with' / 'checkpoints' / '000020'}", "--eval.n_episodes=8",
+                      "--eval.max_episodes_rendered=0", *SHORT, "--output_dir=single", workdir=tmp_path)
+    assert single.returncode == 0, single.stderr[-3000:]
+    during = eval_info(tmp_path / "with" / "eval" / "000020")
+    alone = eval_info(tmp_path / "single")
+    assert during["per_episode"] == alone["per_episode"]
+    for name in ("pc_success", "avg_sum_reward", "avg_max_reward"):
+        assert rows[0][f"eval/{name}"] == during["aggregated"][name] == alone["aggregated"][name]
+    assert rows[0]["eval/expert_pc_success"] == alone["expert"]["aggregated"]["pc_success"]
+    for video in during["video_paths"]:  # written by the rank that ran the episode
+        with av.open(str(tmp_path / "with" / "eval" / "000020" / video)) as container:
+            assert sum(1 for _ in container.decode(video=0)) > 1
+    assert len(during["video_paths"]) == 2
+
+    weights = "checkpoints/000040/pretrained_model/model.safetensors"
+    trained, reference = load_file(tmp_path / "with" / weights), load_file(tmp_path / "without" / weights)
+    assert all(torch.equal(trained[k], reference[k]) for k in reference)
+
+    # Resume a copy of the run from step 20 (evaluating as it goes): step 40 comes out the same.
+    resumed = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "with", resumed, symlinks=True)
+    shutil.rmtree(resumed / "checkpoints" / "000040")
+    shutil.rmtree(resumed / "eval" / "000040")
+    os.remove(resumed / "checkpoints" / "last")
+    os.symlink("000020", resumed / "checkpoints" / "last")
+    torchrun_train(2, "--resume=true",
+                   f"--config_path={resumed / 'checkpoints' / '000020' / 'pretrained_model' / 'train_config.json'}",
+                   workdir=tmp_path)
+    again = load_file(resumed / weights)
+    assert all(torch.equal(again[k], trained[k]) for k in trained)
+    assert eval_info(resumed / "eval" / "000040")["per_episode"] == eval_info(tmp_path / "with" / "eval" / "000040")["per_episode"]
