@@ -46,7 +46,8 @@ def build_model(spec: RunSpec, meta: DatasetMeta, device: torch.device) -> Built
     if config.policy.path and (spec.use_peft or not spec.resuming) and not on_meta:
         load_pretrained_weights(policy, Path(config.policy.path))
     if not spec.use_peft:
-        return BuiltModel(policy, resolve_wrap_units(policy, spec.dims, config.accelerator, declared_wrap_modules(policy)))
+        wrap = resolve_wrap_units(policy, spec.dims, config.accelerator, declared_wrap_modules(policy))
+        return BuiltModel(policy, wrap)
     from lerobot_kit.core.model.peft import align_trainable_dtypes, wrap_policy
 
     assert spec.peft_base is not None

@@ -45,7 +45,7 @@ def check_compile_supported(device: torch.device) -> None:
         from torch.utils._triton import has_triton
 
         if not has_triton():
-            raise ConfigError(f"{_FLAG} on CUDA needs Triton, which is not installed here: install it, or drop the flag")
+            raise ConfigError(f"{_FLAG} on CUDA needs Triton, which is not installed here: install it, or drop it")
 
 
 def apply_compile(model: nn.Module, unit_paths: list[str]) -> None:

@@ -5,7 +5,7 @@ layout: under FSDP2 too it keeps numerically sensitive ops (softmax, the loss) i
 and it lets unsharded ``ignored_modules``, which stay fp32, consume low-precision
 activations.
 
-FSDP2 policy (SPEC S4.5). Derived from ``mixed_precision``: bf16/fp16 compute and
+FSDP2 policy. Derived from ``mixed_precision``: bf16/fp16 compute and
 all-gather (``param_dtype``) with gradient reduction in fp32 (``reduce_dtype``), so
 averaging over many ranks does not lose precision. Once any
 ``--accelerator.fsdp.mixed_precision_policy.*`` field is set, the policy is built from
@@ -13,13 +13,13 @@ those fields alone.
 
 Unset ``reduce_dtype`` on the installed torch (2.13): gradients are reduced in
 ``param_dtype`` — FSDP2's ``foreach_reduce`` uses ``reduce_dtype or grad_dtype`` and the
-gradients are computed in ``param_dtype``. (SPEC S4.5 notes that from torch 2.15 an
-unset ``reduce_dtype`` follows the parameters' own dtype instead.) The sharded gradient
+gradients are computed in ``param_dtype``. (From torch 2.15 an unset ``reduce_dtype``
+follows the parameters' own dtype instead.) The sharded gradient
 the optimizer sees is in the parameters' own dtype either way; only the precision of the
-sum differs. ``tests/test_parallelize.py`` checks this on real processes: with
+sum differs. ``tests/integration/test_parallelize_ranks.py`` checks this on real processes: with
 ``param_dtype=bfloat16`` and no ``reduce_dtype`` every reduced gradient value is exactly
 representable in bf16, with ``reduce_dtype=float32`` they are not; on torch >= 2.15 the
-test skips and points back here.
+test fails and points back here.
 
 The loss scaler is our own rather than ``torch.amp.GradScaler``: the torch one feeds
 gradients to a fused kernel together with plain tensors, which DTensor (sharded)

@@ -44,7 +44,12 @@ def format_banner(run: "RunComponents", dataset_len: int, start_step: int) -> li
     per_rank = sum(local_numel(p) for p in params)
     units = run.parallel.wrap.paths
     classes = sorted({unit_class_name(run.parallel.model.get_submodule(path)) for path in units})
-    unit_text = f"{len(units)} from {run.parallel.wrap.source} ({', '.join(classes)})" if units else "none (not sharded)"
+    accel = config.accelerator
+    applied = "".join(f", {what}" for what, on in (("checkpointed", accel.activation_checkpointing),
+                                                  ("compiled", accel.compile)) if on)
+    unit_text = "none (not sharded)"
+    if units:
+        unit_text = f"{len(units)} from {run.parallel.wrap.source} ({', '.join(classes)}){applied}"
     lines = [
         f"lerobot-kit {package_version()} | layout {dims.layout} | world {ctx.world_size} "
         f"(dp_replicate {dims.dp_replicate} × dp_shard {dims.dp_shard}) | launcher {ctx.launcher} | "

@@ -398,9 +398,9 @@ def test_bf16_fsdp_tracks_the_fp32_run(w2: list[dict], reference: dict) -> None:
 
 @pytest.mark.timeout(200)
 def test_unset_reduce_dtype_reduces_in_param_dtype_on_this_torch(w2: list[dict]):
-    """S4.5: on torch < 2.15 an unset reduce_dtype follows param_dtype (bf16 sums)."""
+    """On torch < 2.15 an unset reduce_dtype follows param_dtype (bf16 sums)."""
     assert tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 15), (
-        "torch >= 2.15 reduces an unset reduce_dtype in the parameters' dtype: update core/precision.py, "
+        "torch >= 2.15 reduces an unset reduce_dtype in the parameters' dtype: update core/parallel/precision.py, "
         "the README and this test"
     )
     for rank in w2:

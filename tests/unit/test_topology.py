@@ -1,4 +1,4 @@
-"""Declared data-parallel degrees resolved against the world size (SPEC S3)."""
+"""Declared data-parallel degrees resolved against the world size, and the named mesh axes."""
 
 from __future__ import annotations
 

@@ -1,0 +1,105 @@
+"""``--accelerator.activation_checkpointing`` and ``--accelerator.compile`` from the CLI,
+on real gloo processes: AC changes no number under FSDP(2) (dropout and the VAE draw
+included) and no checkpoint key, so a run saved with it resumes without it; compiled
+one-process and FSDP(2) runs train to the eager losses. Compile runs are kept to two:
+a first ``torch.compile`` costs ~20 s even for this tiny model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from checkpoint_state import crashed_copy, full_weights, losses
+from conftest import PARITY_ACT, TINY_ACT, launch_env, run_cli, torchrun_train
+
+STEPS = 4
+AC = "--accelerator.activation_checkpointing=true"
+COMPILE = "--accelerator.compile=true"
+FSDP2 = "--parallelism.dp_shard=2"
+COMPILE_TIMEOUT = 1800  # a loaded 2-core runner compiles for minutes (13 at a load of 15)
+
+
+def _train(root: Path, name: str, nproc: int, *flags: str) -> Path:
+    """A run in ``root/name``; a compiling one gets its own inductor cache, so it really
+    compiles and a cache another process is writing cannot interfere."""
+    out = root / name
+    args = [f"--output_dir={out}", f"--steps={STEPS}", "--log_freq=1", "--save_freq=2", *flags]
+    compiling = COMPILE in flags
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(root / f"{name}_inductor")} if compiling else {}
+    timeout = COMPILE_TIMEOUT if compiling else 240
+    if nproc == 1:
+        result = run_cli("train", *args, env=launch_env(root, env), timeout=timeout)
+        assert result.returncode == 0, result.stderr[-3000:]
+    else:
+        result = torchrun_train(nproc, *args, workdir=root, env=env, timeout=timeout)
+    (root / f"{name}.stderr").write_text(result.stderr)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ac_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """FSDP(2) ACT with dropout and the VAE on, with and without activation checkpointing."""
+    root = tmp_path_factory.mktemp("ac")
+    common = [*TINY_ACT, FSDP2, "--batch_size=4"]
+    return {"eager": _train(root, "eager", 2, *common), "ac": _train(root, "ac", 2, *common, AC)}
+
+
+def test_fsdp_losses_are_the_same_with_activation_checkpointing(ac_runs: dict[str, Path]) -> None:
+    plain, checkpointed = losses(ac_runs["eager"]), losses(ac_runs["ac"])
+    assert len(plain) == STEPS
+    assert checkpointed == pytest.approx(plain, rel=1e-6)
+    banner = (ac_runs["ac"].parent / "ac.stderr").read_text()
+    assert "wrap units: 4 from policy (ACTDecoderLayer, ACTEncoderLayer), checkpointed" in banner
+
+
+def test_a_checkpoint_saved_with_activation_checkpointing_resumes_without_it(
+    ac_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Same state-dict keys either way: the AC run's step-2 checkpoint resumes with AC off
+    and continues exactly as the AC run did (and as the run that never had AC)."""
+    with_ac = ac_runs["ac"]
+    resumed = crashed_copy(with_ac, 2, tmp_path / "resumed")
+    config = resumed / "checkpoints/last/pretrained_model/train_config.json"
+    torchrun_train(2, "--resume=true", f"--config_path={config}", "--accelerator.activation_checkpointing=false",
+                   workdir=tmp_path)
+    assert losses(resumed, after=2) == pytest.approx(losses(with_ac, after=2), rel=1e-6)
+    final = f"checkpoints/{STEPS:06d}/pretrained_model"
+    ours, theirs = full_weights(resumed / final, tmp_path), full_weights(ac_runs["eager"] / final, tmp_path)
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        torch.testing.assert_close(ours[key], theirs[key], rtol=1e-5, atol=1e-7, msg=key)
+
+
+@pytest.fixture(scope="module")
+def compile_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Without dropout (compiled kernels draw their own random numbers), global batch 4:
+    one process eager and compiled, FSDP(2) compiled with AC on top."""
+    root = tmp_path_factory.mktemp("compile")
+    return {
+        "eager": _train(root, "eager", 1, *PARITY_ACT, "--batch_size=4"),
+        "single": _train(root, "single", 1, *PARITY_ACT, "--batch_size=4", COMPILE),
+        "fsdp": _train(root, "fsdp", 2, *PARITY_ACT, "--batch_size=2", FSDP2, COMPILE, AC),
+    }
+
+
+@pytest.mark.parametrize("name", ["single", "fsdp"])
+def test_compiled_runs_train_to_the_eager_losses(compile_runs: dict[str, Path], name: str) -> None:
+    eager, compiled = losses(compile_runs["eager"]), losses(compile_runs[name])
+    assert len(compiled) == STEPS and all(torch.isfinite(torch.tensor(compiled)))
+    assert compiled == pytest.approx(eager, rel=1e-3)
+    banner = (compile_runs[name].parent / f"{name}.stderr").read_text()
+    assert "(ACTDecoderLayer, ACTEncoderLayer)" + (", checkpointed" if name == "fsdp" else "") + ", compiled" in banner
+
+
+def test_compile_without_a_cxx_compiler_is_one_line(tmp_path: Path) -> None:
+    result = run_cli("train", f"--output_dir={tmp_path / 'x'}", *TINY_ACT, "--steps=1", COMPILE,
+                     env=launch_env(tmp_path, {"CXX": str(tmp_path / "no-such-g++")}))
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if "--accelerator.compile=true" in line]
+    assert errors == [
+        "error: --accelerator.compile=true on CPU needs a C++ compiler (g++ or $CXX) to build the compiled kernels, "
+        "and none runs here: install one, or drop the flag"
+    ], result.stderr[-2000:]
