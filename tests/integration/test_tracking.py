@@ -89,8 +89,11 @@ def test_disabled_tracking_never_imports_trackio(tmp_path):
         from lerobot_kit.core.config.schema import TrainConfig
         from lerobot_kit.core.distributed.process_group import DistContext
         import lerobot_kit.core.run.prepare
+        from lerobot_kit.core.parallel.dims import ParallelDims
+        from lerobot_kit.core.run.spec import RunSpec
         from lerobot_kit.core.run.tracking import make_tracker
-        tracker = make_tracker(TrainConfig(), DistContext(0, 0, 1, torch.device("cpu"), "single", None), Path("x"))
+        spec = RunSpec(TrainConfig(), ParallelDims(1, 1, 1), Path("x"), None, None)
+        tracker = make_tracker(spec, DistContext(0, 0, 1, torch.device("cpu"), "single", None))
         tracker.log({{"loss": 1.0}}, 1)
         tracker.finish()
         print(type(tracker).__name__, "trackio" in sys.modules)
@@ -115,13 +118,18 @@ SCENARIOS = READ_BACK + textwrap.dedent(
     from lerobot_kit.core.config.schema import TrainConfig
     from lerobot_kit.core.distributed.process_group import DistContext
     from lerobot_kit.core.errors import ConfigError
+    from lerobot_kit.core.parallel.dims import ParallelDims
+    from lerobot_kit.core.run.spec import RunSpec
     from lerobot_kit.core.run.tracking import make_tracker
 
     ctx = DistContext(0, 0, 1, torch.device("cpu"), "single", None)
 
+    def spec(config, resume=False):
+        return RunSpec(config, ParallelDims(1, 1, 1), OUT, OUT / "checkpoints" / "000004" if resume else None, None)
+
     def train(name, steps, resume):
-        config = TrainConfig(job_name=name, resume=resume, trackio={"enable": True, "project": "p"})
-        tracker = make_tracker(config, ctx, OUT)
+        config = TrainConfig(job_name=name, trackio={"enable": True, "project": "p"})
+        tracker = make_tracker(spec(config, resume), ctx)
         for step in steps:
             tracker.log({"loss": 1.0 / step, "step": step}, step)
         tracker.finish()
@@ -130,7 +138,7 @@ SCENARIOS = READ_BACK + textwrap.dedent(
     train("first", [6], resume=True)  # --resume=true continues the run
     train(None, [2], resume=False)  # unnamed job: the output folder names the run
     try:
-        make_tracker(TrainConfig(trackio={"enable": True, "project": "registry-x"}), ctx, OUT)
+        make_tracker(spec(TrainConfig(trackio={"enable": True, "project": "registry-x"})), ctx)
         refused = None
     except ConfigError as exc:
         refused = str(exc)
