@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -69,6 +68,25 @@ def test_a_rank_killed_after_checkpoint_20_restarts_and_ends_bit_identical(tmp_p
     assert (fault["rank"], fault["step"], fault["point"], fault["attempt"]) == (1, 25, "backward", 0)
     assert f"restart 1 of this run: continuing from {tmp_path / 'run/checkpoints/000020'} (step 20)" in output
     assert "already exists" not in output
+    assert_bit_identical(tmp_path / "run", uninterrupted)
+
+
+@pytest.mark.parametrize("point, step, rank, extra", [
+    ("sync_save", 30, 0, []),
+    ("async_save", 40, 1, ["--async_checkpoint=true"]),
+], ids=["during_a_synchronous_save", "during_a_background_save"])
+def test_a_rank_killed_during_a_save_restarts_and_ends_bit_identical(tmp_path, uninterrupted, point, step, rank, extra):
+    """Fault-injection trials at the two points where a kill meets a half-written checkpoint
+    (``benchmarks/fault_injection.py`` runs more, at random points)."""
+    fault_log = tmp_path / "faults.jsonl"
+    env = {"LEROBOT_KIT_FAULT": f"point={point},step={step},rank={rank}", "LEROBOT_KIT_FAULT_LOG": str(fault_log)}
+    result = torchrun_restartable(*FSDP, f"--steps={STEPS}", "--save_freq=10", *extra,
+                                  f"--output_dir={tmp_path / 'run'}", workdir=tmp_path, env=env)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    [fault] = [json.loads(line) for line in fault_log.read_text().splitlines()]
+    assert f"{step:06d}.tmp" in fault["observed"], fault  # it died with the checkpoint half-written
+    assert f"continuing from {tmp_path / 'run/checkpoints' / f'{step - 10:06d}'}" in output
     assert_bit_identical(tmp_path / "run", uninterrupted)
 
 
