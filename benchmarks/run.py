@@ -41,6 +41,7 @@ MODULES = {
     "startup": "startup",
     "data_memory": "data_memory",
     "data": "data_throughput",
+    "fault_injection": "fault_injection",
     "ac_compile": "ac_compile",
 }
 
