@@ -33,7 +33,7 @@ def decode_image(data: bytes, shape: tuple[int, ...], where: str) -> np.ndarray:
             pixels = np.asarray(image.convert(PIL_MODES[channels]))
     except Exception as exc:  # noqa: BLE001 - PIL raises several types for bad bytes
         raise LeRobotDatasetError(f"{where} is not a decodable image ({exc})") from exc
-    pixels = pixels.reshape(pixels.shape[0], pixels.shape[1], -1).transpose(2, 0, 1)
+    pixels = np.ascontiguousarray(pixels.reshape(pixels.shape[0], pixels.shape[1], -1).transpose(2, 0, 1))
     if pixels.shape != (channels, height, width):
         raise LeRobotDatasetError(
             f"{where} is a {pixels.shape[2]}x{pixels.shape[1]} image; meta/info.json declares {width}x{height}"

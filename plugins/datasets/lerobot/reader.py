@@ -87,7 +87,9 @@ class LeRobotDataset(PolicyDataset):
         self._first_row = np.array([first_rows[row.data_file][row.index] for row in episodes], dtype=np.int64)
         self._columns: dict[tuple[int, int], FileColumns] = {}
         self._columns_pid = os.getpid()
-        self._videos = video.VideoDecoders(av, info.fps) if av is not None else None
+        spans = [int(offsets.max() - offsets.min()) + 1 for key, offsets in self.delta_indices.items()
+                 if info.features[key].kind == "video"]
+        self._videos = video.VideoDecoders(av, info.fps, keep=max(spans, default=1)) if av is not None else None
         self.meta = DatasetMeta(
             features=features, stats={}, fps=info.fps, num_episodes=len(episodes), num_frames=len(self.windows)
         )
@@ -138,7 +140,7 @@ class LeRobotDataset(PolicyDataset):
                 value = torch.from_numpy(np.array(columns.numeric[key][rows]))
             else:
                 pixels = self.camera_frames(key, position, rows)
-                value = torch.from_numpy(pixels).to(torch.float32) / 255.0
+                value = torch.from_numpy(pixels).to(torch.float32).div_(255.0)
             item[key] = value if offsets is not None else value[0]
         item["episode_index"] = torch.tensor(episode.index, dtype=torch.int64)
         item["index"] = torch.tensor(i, dtype=torch.int64)

@@ -11,9 +11,9 @@ error (the video and the data disagree), never a silent nearest-neighbour guess.
 
 Each process (a DataLoader worker) keeps a bounded pool of open decoders. A decoder
 that stopped shortly before the wanted time decodes forward instead of seeking, so
-reading consecutive frames decodes each frame once; a recent few decoded frames are
-kept, so history windows that overlap (frame ``t`` in item ``t`` and ``t+1``) are not
-decoded twice. LeRobot encodes with a key frame every 2 frames, so a seek costs at most
+reading consecutive frames decodes each frame once; the frames it last handed out are
+kept as RGB, so history windows that overlap (frame ``t`` in item ``t`` and ``t+1``)
+are not decoded or converted twice. LeRobot encodes with a key frame every 2 frames, so a seek costs at most
 one extra frame; long GOPs stay correct, only slower.
 
 PyAV (``pip install 'lerobot-kit[video]'``) is the only decoder: it ships its own
@@ -37,8 +37,7 @@ VIDEO_EXTRA = "pip install 'lerobot-kit[video]' (or: pip install av)"
 BACKENDS = ("pyav",)
 TOLERANCE_FRAMES = 0.4
 FRAME_FORMATS = {1: "gray", 3: "rgb24"}
-MAX_OPEN_DECODERS = 8  # per process; each holds a demuxer, a one-thread decoder and RECENT_FRAMES frames
-RECENT_FRAMES = 4
+MAX_OPEN_DECODERS = 8  # per process; each holds a demuxer, a one-thread decoder and a few RGB frames
 
 
 def require_video_decoder(backend: str | None, video_keys: list[str]) -> ModuleType:
@@ -66,9 +65,15 @@ def check_channels(info_file: Path, key: str, shape: tuple[int, ...]) -> None:
 
 
 class _Decoder:
-    """One open video file: its demuxer, a live decode position and the last frames decoded."""
+    """One open video file: its demuxer, a live decode position, and the frames it last handed out.
 
-    def __init__(self, av: ModuleType, path: Path) -> None:
+    Only frames some item asked for are converted to RGB and kept (``converted``, the
+    last ``keep`` of them); every other decoded frame is dropped at once. Holding on to
+    decoded frames would starve the decoder's buffer pool: it would allocate fresh
+    buffers for every frame, several times slower than decoding itself.
+    """
+
+    def __init__(self, av: ModuleType, path: Path, keep: int) -> None:
         self.path = path
         self.container = av.open(str(path))
         self.stream = self.container.streams.video[0]
@@ -77,7 +82,9 @@ class _Decoder:
         self.time_base = self.stream.time_base
         self.frames: Any = None  # the decode iterator since the last seek
         self.position = -np.inf  # time of the last decoded frame
-        self.recent: collections.deque[tuple[float, Any]] = collections.deque(maxlen=RECENT_FRAMES)
+        self.converted: collections.OrderedDict[float, np.ndarray] = collections.OrderedDict()
+        self.keep = keep
+        self.seen: collections.deque[float] = collections.deque(maxlen=4)  # last decoded times, for errors
         self.frames_per_key = 1  # the longest run of frames seen between key frames
         self._since_key = 0
 
@@ -86,7 +93,6 @@ class _Decoder:
         self.container.seek(round(time / self.time_base) - 1, backward=True, any_frame=False, stream=self.stream)
         self.frames = self.container.decode(self.stream)
         self.position = -np.inf
-        self.recent.clear()
 
     def next(self) -> tuple[float, Any] | None:
         """The next decoded frame and its presentation time, or None at the end of the stream."""
@@ -97,27 +103,37 @@ class _Decoder:
                 continue
             self._since_key = 0 if frame.key_frame else self._since_key + 1
             self.frames_per_key = max(self.frames_per_key, self._since_key + 1)
-            time = float(frame.pts * self.time_base)
-            self.position = time
-            self.recent.append((time, frame))
-            return time, frame
+            self.position = float(frame.pts * self.time_base)
+            self.seen.append(self.position)
+            return self.position, frame
         self.frames = None
         return None
 
+    def remember(self, time: float, pixels: np.ndarray) -> None:
+        self.converted[time] = pixels
+        self.converted.move_to_end(time)
+        while len(self.converted) > self.keep:
+            self.converted.popitem(last=False)
+
     def close(self) -> None:
+        self.converted.clear()
         self.container.close()
 
 
 class VideoDecoders:
     """The open decoders of one process, at most ``max_open``, least recently used closed first.
 
-    Pickles empty (a DataLoader worker opens its own): FFmpeg state cannot cross processes.
+    ``keep`` is how many converted frames each decoder remembers: the span of the
+    longest camera history asked for, so overlapping windows of consecutive items
+    convert each frame once. Pickles empty (a DataLoader worker opens its own): FFmpeg
+    state cannot cross processes.
     """
 
-    def __init__(self, av: ModuleType, fps: int, max_open: int = MAX_OPEN_DECODERS) -> None:
+    def __init__(self, av: ModuleType, fps: int, keep: int = 1, max_open: int = MAX_OPEN_DECODERS) -> None:
         self.av = av
         self.fps = fps
         self.tolerance = TOLERANCE_FRAMES / fps
+        self.keep = max(1, keep)
         self.max_open = max_open
         self._open: collections.OrderedDict[int, _Decoder] = collections.OrderedDict()
         self._pid = os.getpid()
@@ -135,7 +151,7 @@ class VideoDecoders:
         """uint8 ``[len(times), C, H, W]``: the frame of ``path`` nearest to each time."""
         wanted = np.unique(times)
         try:
-            found = self._decode(path, wanted)
+            found = self._decode(path, key, wanted, shape)
         except LeRobotDatasetError:
             raise
         except FileNotFoundError as exc:
@@ -148,22 +164,32 @@ class VideoDecoders:
                 f"{path}: cannot decode video {key!r} at {wanted[0]:.4f}s (episode {episode}): "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-        pixels = {}
         for time in wanted:
-            frame = found.get(float(time))
-            if frame is None:
+            if float(time) not in found:
                 raise LeRobotDatasetError(
                     f"{path}: episode {episode} needs the frame at {time:.4f}s of {key!r} but the video has "
                     f"{self._nearest_text(path, float(time))}; the video does not match meta/episodes "
                     "(from_timestamp) and the timestamp column"
                 )
-            pixels[float(time)] = _to_array(path, key, frame, shape)
-        return np.stack([pixels[float(t)] for t in times])
+        return np.stack([found[float(t)] for t in times])
 
-    def _decode(self, path: Path, wanted: np.ndarray) -> dict[float, Any]:
-        """Nearest frame within tolerance for each wanted time (sorted), decoding as little as it can."""
-        decoder = self._decoder_for(path, float(wanted[0]))
-        best: dict[float, tuple[float, Any]] = {}
+    def _decode(self, path: Path, key: str, wanted: np.ndarray, shape: tuple[int, ...]) -> dict[float, np.ndarray]:
+        """The frame nearest to each wanted time (sorted) within tolerance, decoding as little as it can.
+
+        A decoder reused from an earlier request may have passed a wanted frame it did not
+        keep; then the request is served again from a seek.
+        """
+        decoder, seeked = self._decoder_for(path, float(wanted[0]))
+        found = self._collect(decoder, key, wanted, shape)
+        if len(found) < len(wanted) and not seeked:
+            decoder.seek(float(wanted[0]))
+            found = self._collect(decoder, key, wanted, shape)
+        return found
+
+    def _collect(
+        self, decoder: _Decoder, key: str, wanted: np.ndarray, shape: tuple[int, ...]
+    ) -> dict[float, np.ndarray]:
+        best: dict[float, tuple[float, Any]] = {}  # query -> (time, converted array or decoded frame)
 
         def offer(time: float, frame: Any) -> None:
             for j in _within(wanted, time, self.tolerance):
@@ -171,29 +197,35 @@ class VideoDecoders:
                 if query not in best or abs(time - query) < abs(best[query][0] - query):
                     best[query] = (time, frame)
 
-        for time, frame in decoder.recent:
-            offer(time, frame)
+        for time, pixels in decoder.converted.items():
+            offer(time, pixels)
         while decoder.position < wanted[-1]:
             decoded = decoder.next()
             if decoded is None:
                 break
             offer(*decoded)
-        return {query: frame for query, (_, frame) in best.items()}
+        out = {}
+        for query, (time, candidate) in best.items():
+            pixels = candidate if isinstance(candidate, np.ndarray) else decoder.converted.get(time)
+            if pixels is None:
+                pixels = _to_array(decoder.path, key, candidate, shape)
+            decoder.remember(time, pixels)
+            out[query] = pixels
+        return out
 
-    def _decoder_for(self, path: Path, first: float) -> _Decoder:
-        """An open decoder of ``path`` that can reach ``first`` by decoding forward, else a seeked one."""
+    def _decoder_for(self, path: Path, first: float) -> tuple[_Decoder, bool]:
+        """An open decoder of ``path`` that holds ``first`` or reaches it by decoding forward,
+        else a decoder seeked to it (and True)."""
         if os.getpid() != self._pid:  # a forked worker: the parent's decoders are not ours
             self._open, self._pid = collections.OrderedDict(), os.getpid()
         for ident, decoder in reversed(self._open.items()):
             if decoder.path != path:
                 continue
-            recent_start = decoder.recent[0][0] if decoder.recent else np.inf
             ahead = (first - decoder.position) * self.fps
-            if recent_start - self.tolerance <= first <= decoder.position + self.tolerance or (
-                decoder.frames is not None and 0 < ahead <= decoder.frames_per_key + 1
-            ):
+            held = any(abs(time - first) <= self.tolerance for time in decoder.converted)
+            if held or (decoder.frames is not None and 0 < ahead <= decoder.frames_per_key + 1):
                 self._open.move_to_end(ident)
-                return decoder
+                return decoder, False
         same_file = [d for d in self._open.values() if d.path == path]
         if len(self._open) >= self.max_open:
             ident, oldest = next(iter(self._open.items()))
@@ -202,17 +234,17 @@ class VideoDecoders:
                 ident, oldest = next((i, d) for i, d in self._open.items() if d.path == path)
             del self._open[ident]
             oldest.close()
-        decoder = _Decoder(self.av, path)
+        decoder = _Decoder(self.av, path, self.keep)
         self._open[id(decoder)] = decoder
         decoder.seek(first)
-        return decoder
+        return decoder, True
 
     def _forget(self, path: Path) -> None:
         for ident in [i for i, d in self._open.items() if d.path == path]:
             self._open.pop(ident).close()
 
     def _nearest_text(self, path: Path, time: float) -> str:
-        seen = [t for d in self._open.values() if d.path == path for t, _ in d.recent]
+        seen = [t for d in self._open.values() if d.path == path for t in (*d.seen, *d.converted)]
         if not seen:
             return "no frames near it"
         nearest = min(seen, key=lambda t: abs(t - time))
@@ -233,7 +265,8 @@ def _within(sorted_times: np.ndarray, time: float, tolerance: float) -> range:
 def _to_array(path: Path, key: str, frame: Any, shape: tuple[int, ...]) -> np.ndarray:
     channels, height, width = shape
     pixels = frame.to_ndarray(format=FRAME_FORMATS[channels])
-    pixels = pixels.reshape(pixels.shape[0], pixels.shape[1], -1).transpose(2, 0, 1)
+    # Channel-first and contiguous: converting a strided view to float later is ~3x slower.
+    pixels = np.ascontiguousarray(pixels.reshape(pixels.shape[0], pixels.shape[1], -1).transpose(2, 0, 1))
     if pixels.shape != (channels, height, width):
         raise LeRobotDatasetError(
             f"{path}: frames of {key!r} are {pixels.shape[2]}x{pixels.shape[1]}; "
