@@ -24,11 +24,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from _common import Context, Result, Row, clean_env, judge, run_together
 from data_video import LEROBOT_PROBE, REPO_ID, lerobot_python, video_dataset
+
+if TYPE_CHECKING:
+    from lerobot_kit.plugins.datasets.lerobot.reader import LeRobotDataset
 
 NAME = "data_memory"
 ITEMS = 64
@@ -150,7 +154,7 @@ def _memory(root: str) -> int:
     return total
 
 
-def _open_dataset(root: str):  # type: ignore[no-untyped-def]
+def _open_dataset(root: str) -> LeRobotDataset:
     from lerobot_kit.plugins.datasets.lerobot.plugin import LeRobotDatasetConfig
     from lerobot_kit.plugins.datasets.lerobot.reader import make_lerobot_dataset
 

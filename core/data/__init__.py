@@ -1,1 +1,2 @@
-"""Data: the dataset contract and the resumable sampler."""
+"""Data: the dataset contract, frame windows, samplers (uniform and episode blocks), augmentations and the
+training loader."""

@@ -250,10 +250,6 @@ class VideoDecoders:
         nearest = min(seen, key=lambda t: abs(t - time))
         return f"nearest frame at {nearest:.4f}s"
 
-    def close(self) -> None:
-        while self._open:
-            self._open.popitem()[1].close()
-
 
 def _within(sorted_times: np.ndarray, time: float, tolerance: float) -> range:
     """Indices of the sorted times within ``tolerance`` of ``time``."""
