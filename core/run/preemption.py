@@ -41,6 +41,16 @@ class RunStopped(LerobotError):
     exit_code = STOPPED_EXIT_CODE
 
 
+def run_stopped(signal_name: str, step: int, steps: int, checkpoint: str | None, saving: bool) -> RunStopped:
+    """The line a stopped run ends with; ``checkpoint`` is known on the main process only."""
+    if not saving:
+        return RunStopped(f"stopped by {signal_name} at step {step}/{steps}; checkpoints are off, so a rerun "
+                          "starts over")
+    saved = checkpoint or "the checkpoint of that step"
+    return RunStopped(f"stopped by {signal_name} at step {step}/{steps} after saving {saved}; a torchrun or SLURM "
+                      "restart continues from it, as does this command with --resume=auto")
+
+
 class StopSignals:
     """Signal handlers that record a stop request (main thread only: Python's rule)."""
 

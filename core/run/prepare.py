@@ -30,7 +30,7 @@ from lerobot_kit.core.run.banner import format_banner
 from lerobot_kit.core.run.components import RunComponents
 from lerobot_kit.core.run.optim import build_optimizer, build_scheduler
 from lerobot_kit.core.run.publish import publish_final
-from lerobot_kit.core.run.preemption import RunStopped
+from lerobot_kit.core.run.preemption import run_stopped
 from lerobot_kit.core.run.spec import Restarts, RunSpec, resolve_run
 from lerobot_kit.core.run.tracking import make_tracker
 from lerobot_kit.core.run.trainer import Trainer, TrainResult
@@ -56,11 +56,8 @@ def train(config: TrainConfig) -> TrainResult:
     result = _train(config, ctx)
     shutdown(ctx)
     if result.stopped_by is not None:  # exit code 75: the scheduler requeues, the restart continues
-        raise RunStopped(
-            f"stopped by {result.stopped_by} at step {result.steps_done}/{config.steps}"
-            + (f" after saving {result.last_checkpoint}" if result.last_checkpoint else " (checkpoints are off)")
-            + "; a torchrun or SLURM restart continues from it, as does this command with --resume=auto"
-        )
+        raise run_stopped(result.stopped_by, result.steps_done, config.steps, result.last_checkpoint,
+                          config.save_checkpoint)
     # After the process group is gone, so that peers exit instead of timing out in a
     # collective while the main process uploads.
     publish_final(config, result.last_checkpoint, ctx)
