@@ -14,7 +14,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import PARITY_ACT, TINY_ACT, launch_env, read_metrics, run_cli, script, torchrun_train
+from _dist_util import free_port
+from checkpoint_state import assert_same_state, crashed_copy, losses
+from conftest import PARITY_ACT, TINY_ACT, launch_env, run_cli, script, torchrun_train
 
 STEPS = 4
 GLOBAL_BATCH = 8
@@ -43,17 +45,17 @@ def layout_runs(tmp_path_factory) -> dict[str, Path]:
             result = run_cli("train", *args, env=launch_env(root))
             assert result.returncode == 0, result.stderr[-3000:]
         else:
-            torchrun_train(nproc, *args, workdir=root)
+            result = torchrun_train(nproc, *args, workdir=root)
+        (root / f"{name}.stderr").write_text(result.stderr)
         outputs[name] = out
     return outputs
 
 
 def test_every_layout_gives_the_one_process_losses(layout_runs):
-    reference = [m["loss"] for m in read_metrics(layout_runs["single"])]
+    reference = losses(layout_runs["single"])
     assert len(reference) == STEPS
     for name, out in layout_runs.items():
-        losses = [m["loss"] for m in read_metrics(out)]
-        assert losses == pytest.approx(reference, rel=1e-4), name
+        assert losses(out) == pytest.approx(reference, rel=1e-4), name
 
 
 def test_resolved_topology_is_recorded_and_declared_degrees_kept(layout_runs):
@@ -106,56 +108,91 @@ def test_gathered_weights_agree_across_layouts(layout_runs):
             assert torch.allclose(value, reference[key], rtol=1e-4, atol=1e-5), (name, key)
 
 
-def test_banner_states_the_effective_batch_and_layout(tmp_path):
-    out = tmp_path / "hsdp"
-    result = torchrun_train(4, f"--output_dir={out}", *TINY_ACT, "--parallelism.dp_replicate=2",
-                            "--parallelism.dp_shard=2", "--steps=2", "--batch_size=2",
-                            "--accelerator.gradient_accumulation.steps=2", "--save_checkpoint=false",
-                            workdir=tmp_path)
-    log = result.stderr
+def test_banner_states_the_effective_batch_and_layout(layout_runs):
+    log = (layout_runs["hsdp2x2"].parent / "hsdp2x2.stderr").read_text()
     assert "layout hsdp | world 4 (dp_replicate 2 × dp_shard 2)" in log
-    assert "effective batch 16 = batch_size 2 × dp_world_size 4 × gradient_accumulation 2" in log
-    assert "wrap units: 4 from policy (ACTDecoderLayer, ACTEncoderLayer)" in log
-    assert "checkpoints off" in log
+    assert "effective batch 8 = batch_size 2 × dp_world_size 4 × gradient_accumulation 1" in log
+    assert "wrap units: 3 from policy (ACTDecoderLayer, ACTEncoderLayer)" in log  # 2 encoder layers, 1 decoder
+    assert f"checkpoints every {STEPS} steps and at the end | weights safetensors_dcp | synchronous" in log
     assert log.count("effective batch") == 1, "only the main process prints"
 
 
-def test_gradient_accumulation_equals_a_bigger_batch(tmp_path):
-    """FSDP(2): batch 4 × accumulation 1 and batch 2 × accumulation 2 make the same updates."""
+def test_gradient_accumulation_equals_a_bigger_batch_and_resumes_exactly(tmp_path):
+    """FSDP(2): batch 4 × accumulation 1 and batch 2 × accumulation 2 make the same updates;
+    the accumulating run, resumed from a checkpoint between two updates, is bitwise itself."""
     common = [*PARITY_ACT, *PARITY_OPTIM, "--parallelism.dp_shard=2", "--log_freq=1"]
     big, accumulated = tmp_path / "big", tmp_path / "acc"
     torchrun_train(2, f"--output_dir={big}", *common, "--batch_size=4", "--steps=3", "--save_freq=3",
                    workdir=tmp_path)
-    torchrun_train(2, f"--output_dir={accumulated}", *common, "--batch_size=2", "--steps=6",
-                   "--accelerator.gradient_accumulation.steps=2", "--save_freq=6", workdir=tmp_path)
+    result = torchrun_train(2, f"--output_dir={accumulated}", *common, "--batch_size=2", "--steps=6",
+                            "--accelerator.gradient_accumulation.steps=2", "--save_freq=2", workdir=tmp_path)
+    assert "effective batch 8 = batch_size 2 × dp_world_size 2 × gradient_accumulation 2" in result.stderr
     a = load_file(big / "checkpoints/last/pretrained_model/model.safetensors")
     b = load_file(accumulated / "checkpoints/last/pretrained_model/model.safetensors")
     for key in a:
         assert torch.allclose(a[key], b[key], rtol=1e-4, atol=1e-6), key
-    big_losses = [m["loss"] for m in read_metrics(big)]
-    micro = [m["loss"] for m in read_metrics(accumulated)]
+    micro = losses(accumulated)
     pairs = [(micro[i] + micro[i + 1]) / 2 for i in range(0, 6, 2)]
-    assert pairs == pytest.approx(big_losses, rel=1e-4)
+    assert pairs == pytest.approx(losses(big), rel=1e-4)
+
+    resumed = crashed_copy(accumulated, 4, tmp_path / "resumed")
+    config = resumed / "checkpoints/last/pretrained_model/train_config.json"
+    torchrun_train(2, "--resume=true", f"--config_path={config}", workdir=tmp_path)
+    assert losses(resumed, after=4) == losses(accumulated, after=4)
+    assert_same_state(accumulated / "checkpoints/000006", resumed / "checkpoints/000006", tmp_path)
 
 
-@pytest.mark.parametrize(("precision", "flags"), [("bf16", ["--parallelism.dp_shard=2"]), ("fp16", []),
-                                                  ("fp16", ["--parallelism.dp_shard=2"]), ("bf16", [])])
-def test_mixed_precision_trains_under_ddp_and_fsdp(tmp_path, precision, flags):
-    out = tmp_path / "run"
-    torchrun_train(2, f"--output_dir={out}", *TINY_ACT, *flags, f"--accelerator.mixed_precision={precision}",
-                   "--steps=40", "--log_freq=10", "--save_freq=40", "--optimizer.lr=1e-3", workdir=tmp_path)
-    losses = [m["loss"] for m in read_metrics(out)]
-    assert losses[-1] < 0.7 * losses[0], losses
-    scaler = out / "checkpoints/last/training_state/scaler_state.json"
+PRECISIONS = [("bf16", "ddp2"), ("bf16", "fsdp2"), ("fp16", "ddp2"), ("fp16", "fsdp2")]
+
+
+@pytest.fixture(scope="module")
+def precision_runs(tmp_path_factory) -> dict[tuple[str, str], Path]:
+    """The ddp2 and fsdp2 layout runs again under bf16 and fp16, saving half-way too."""
+    root = tmp_path_factory.mktemp("precision")
+    outputs = {}
+    for precision, layout in PRECISIONS:
+        nproc, flags = LAYOUTS[layout]
+        out = root / f"{precision}_{layout}"
+        torchrun_train(nproc, f"--output_dir={out}", *PARITY_ACT, *PARITY_OPTIM, *flags, f"--steps={STEPS}",
+                       "--log_freq=1", f"--batch_size={GLOBAL_BATCH // nproc}", f"--save_freq={STEPS // 2}",
+                       f"--accelerator.mixed_precision={precision}", workdir=root)
+        outputs[(precision, layout)] = out
+    return outputs
+
+
+@pytest.mark.parametrize(("precision", "layout"), PRECISIONS)
+def test_mixed_precision_computes_in_low_precision_and_tracks_fp32(layout_runs, precision_runs, precision, layout):
+    """Same weights, data and seed as the fp32 layout run: every loss differs from it (the
+    compute really ran in bf16/fp16) yet stays within low-precision rounding of it."""
+    low, full = losses(precision_runs[(precision, layout)]), losses(layout_runs[layout])
+    assert len(low) == len(full) == STEPS
+    assert all(a != b for a, b in zip(low, full)), (low, full)
+    assert low == pytest.approx(full, rel=5e-2)
+    scaler = precision_runs[(precision, layout)] / "checkpoints/last/training_state/scaler_state.json"
     assert scaler.is_file() == (precision == "fp16")
-    if precision == "fp16":
-        assert json.loads(scaler.read_text())["scale"] > 0
+
+
+def test_fp16_resume_restores_the_loss_scaler(precision_runs, tmp_path):
+    """The scaler's state at the half-way checkpoint is not a fresh scaler's, and the run
+    resumed from there ends with the straight run's scaler, weights and optimizer, bitwise."""
+    straight = precision_runs[("fp16", "fsdp2")]
+    run = crashed_copy(straight, STEPS // 2, tmp_path / "run")
+    saved = json.loads((run / f"checkpoints/{STEPS // 2:06d}/training_state/scaler_state.json").read_text())
+    assert (saved["scale"], saved["growth_tracker"]) != (2.0**16, 0), saved  # what a fresh scaler starts from
+    config = run / "checkpoints/last/pretrained_model/train_config.json"
+    torchrun_train(2, "--resume=true", f"--config_path={config}", workdir=tmp_path)
+    final = f"checkpoints/{STEPS:06d}"
+    assert (json.loads((run / final / "training_state/scaler_state.json").read_text())
+            == json.loads((straight / final / "training_state/scaler_state.json").read_text()))
+    assert losses(run, after=STEPS // 2) == losses(straight, after=STEPS // 2)
+    assert_same_state(straight / final, run / final, tmp_path)
 
 
 def test_accelerate_launch_starts_a_two_process_run(tmp_path):
     out = tmp_path / "acc"
     command = [script("accelerate"), "launch", "--multi_gpu", "--num_processes=2", "--num_machines=1",
-               "--mixed_precision=no", "--dynamo_backend=no", script("lerobot"), "train", f"--output_dir={out}",
+               f"--main_process_port={free_port()}", "--mixed_precision=no", "--dynamo_backend=no", script("lerobot"),
+               "train", f"--output_dir={out}",
                *TINY_ACT, "--parallelism.dp_shard=2", "--steps=2", "--save_freq=2"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path,
                             env=launch_env(tmp_path))
@@ -180,8 +217,6 @@ def _two_nodes(commands: list[list[str]], workdir: Path) -> list[subprocess.Comp
 
 
 def test_two_torchrun_nodes_on_loopback_train_one_fsdp_job(tmp_path):
-    from _dist_util import free_port
-
     port, out = free_port(), tmp_path / "multinode"
     train = [script("lerobot"), "train", f"--output_dir={out}", *TINY_ACT, "--parallelism.dp_shard=2", "--steps=2",
              "--save_freq=2"]
@@ -197,8 +232,6 @@ def test_two_torchrun_nodes_on_loopback_train_one_fsdp_job(tmp_path):
 
 
 def test_two_accelerate_machines_on_loopback_train_one_fsdp_job(tmp_path):
-    from _dist_util import free_port
-
     port, out = free_port(), tmp_path / "multinode"
     commands = [[script("accelerate"), "launch", "--multi_gpu", "--num_machines=2", f"--machine_rank={rank}",
                  "--num_processes=2", "--main_process_ip=127.0.0.1", f"--main_process_port={port}",
@@ -227,10 +260,25 @@ def test_accelerate_engine_variables_are_refused(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_fsdp_with_ignored_modules_trains_and_checkpoints(tmp_path):
+def test_fsdp_with_ignored_modules_keeps_them_whole_and_trains_them(tmp_path):
+    """The DCP checkpoint records how each parameter was held: an ignored module's weights
+    as one whole tensor (never sharded), an FSDP unit's as one row block per rank."""
+    import torch.distributed.checkpoint as dcp
+
     out = tmp_path / "ignored"
     torchrun_train(2, f"--output_dir={out}", *TINY_ACT, "--parallelism.dp_shard=2",
-                   "--accelerator.fsdp.ignored_modules=vae_encoder.*", "--steps=3", "--save_freq=3",
-                   workdir=tmp_path)
-    weights = load_file(out / "checkpoints/last/pretrained_model/model.safetensors")
-    assert any(key.startswith("vae_encoder.") for key in weights)
+                   "--accelerator.fsdp.ignored_modules=vae_encoder.*", "--checkpoint_format=safetensors_dcp",
+                   "--steps=2", "--save_freq=1", workdir=tmp_path)
+    folder = out / "checkpoints/000002/pretrained_model/pytorch_model_fsdp_0"
+    metadata = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    ignored = [fqn for fqn in metadata if fqn.startswith("vae_encoder.")]
+    assert ignored and any(fqn.startswith("encoder.") for fqn in metadata)
+    for fqn, entry in metadata.items():
+        filled = [c for c in entry.chunks if c.sizes.numel() > 0]
+        if fqn in ignored:
+            assert [(list(c.offsets), c.sizes) for c in filled] == [([0] * len(entry.size), entry.size)], fqn
+        elif fqn.startswith("encoder.") and entry.size[0] > 1:
+            assert len(filled) == 2, fqn
+    before = load_file(out / "checkpoints/000001/pretrained_model/model.safetensors")
+    after = load_file(out / "checkpoints/000002/pretrained_model/model.safetensors")
+    assert all(not torch.equal(before[fqn], after[fqn]) for fqn in ignored if fqn.endswith(".weight"))
