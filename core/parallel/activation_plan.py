@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 
 from lerobot_kit.core.data.dataset import DatasetMeta
 from lerobot_kit.core.errors import ConfigError
@@ -29,10 +28,15 @@ from lerobot_kit.core.parallel.activation_memory import (
 )
 from lerobot_kit.core.parallel.batch_fit import BatchFit, largest_batch
 from lerobot_kit.core.parallel.precision import autocast_dtype, build_mp_policy
-from lerobot_kit.core.parallel.wrap_units import resolve_wrap_units
+from lerobot_kit.core.parallel.wrap_units import outermost, resolve_wrap_units
 from lerobot_kit.core.run.spec import RunSpec
 
 GIB = 2**30
+# What the figures hold, said in the plan's text and JSON.
+COUNTED = (
+    "the batch on the device, activations, tensors autograd saves for the backward and temporaries, "
+    "at their highest point in one forward and backward; parameters, gradients and optimizer state are not in it"
+)
 
 
 @dataclass(frozen=True)
@@ -41,16 +45,11 @@ class ActivationPlan:
     item: ItemShapes  # one dataset item's tensors, as the traced batch stacks them
     peak_bytes: int | None  # without activation checkpointing; None when not traced
     checkpointed_peak_bytes: int | None  # with it; None when not traced or no unit to checkpoint
-    checkpoint_units: int  # how many modules checkpointing wraps
+    checkpoint_units: int  # how many modules checkpointing wraps (the outermost units)
     checkpointing: bool  # the run's flags turn it on
     not_traced: str | None  # why there are no figures at all
     no_checkpointing: str | None  # why there is no checkpointed figure
     fit: BatchFit | None  # --plan.device_memory_gb given and traced
-
-    @property
-    def run_peak_bytes(self) -> int | None:
-        """The figure of the run as its flags set it."""
-        return self.checkpointed_peak_bytes if self.checkpointing else self.peak_bytes
 
     def to_json(self) -> dict[str, Any]:
         fit = self.fit
@@ -77,12 +76,6 @@ class ActivationPlan:
         }
 
 
-COUNTED = (
-    "the batch on the device, activations, tensors autograd saves for the backward and temporaries, "
-    "at their highest point in one forward and backward; parameters, gradients and optimizer state are not in it"
-)
-
-
 def plan_activations(
     built: BuiltModel,
     spec: RunSpec,
@@ -101,7 +94,8 @@ def plan_activations(
     step = TrainStep(built.model, preprocessor, item, autocast_dtype(accel), fsdp)
     units, no_checkpointing = _checkpoint_units(built, spec)
     figures: dict[str, Any] = dict(
-        batch_size=config.batch_size, item=item, checkpoint_units=len(units), checkpointing=accel.activation_checkpointing
+        batch_size=config.batch_size, item=item, checkpoint_units=len(outermost(units)),
+        checkpointing=accel.activation_checkpointing,
     )
     try:
         plain = _Traces(StepTracer(step, None))

@@ -62,6 +62,23 @@ def test_a_policy_without_wrap_units_has_no_checkpointed_figure(monkeypatch: pyt
     assert "--accelerator.fsdp.wrap_modules" in acts["no_checkpointing"]
 
 
+def test_a_step_that_reads_tensor_values_is_planned_without_activations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a plugin policy whose forward branches on a value: the sharding plan stands, the
+    activation rows say why they are missing, and the exit code is 0."""
+    forward = ACTPolicy.forward
+
+    def branching(self: ACTPolicy, batch: dict[str, torch.Tensor]) -> Any:
+        loss, logs = forward(self, batch)
+        return (loss if loss > 0 else -loss), logs
+
+    monkeypatch.setattr(ACTPolicy, "forward", branching)
+    result = CliRunner().invoke(cli_group, ["plan", "--world_size=1", "--plan.device_memory_gb=1"])
+    assert result.exit_code == 0, result.output
+    assert "  not traced: the policy's step depends on tensor values" in result.stdout
+    assert "largest --batch_size in 1 GiB per rank: unknown, the step was not traced" in result.stdout
+    assert "total" in result.stdout  # the parameter, gradient and AdamW rows are there
+
+
 def test_sharded_bf16_computes_activations_in_bf16() -> None:
     """FSDP2's param_dtype makes the units compute (and save) bf16 tensors: about half the float32 figure."""
     fp32 = _plan(["--parallelism.dp_shard=2"], 2)["activations"]["peak_bytes"]
