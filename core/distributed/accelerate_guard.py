@@ -1,4 +1,4 @@
-"""Refuse to train when Accelerate engine settings are in the environment (SPEC S1.4).
+"""Refuse to train when Accelerate engine settings are in the environment.
 
 Accelerate is only a launcher here; its engine (``Accelerator``) never runs. A user who
 ran ``accelerate config`` (which writes a default_config.yaml that every later

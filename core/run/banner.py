@@ -1,4 +1,4 @@
-"""The start-up banner (SPEC S2.1): what will run, stated before the first step.
+"""The start-up banner: what will run, stated before the first step.
 
 The effective-batch factorisation is printed because it is the most common source
 of confusion when moving from one to many processes.

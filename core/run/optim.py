@@ -1,6 +1,6 @@
 """Optimizer and LR schedule from the config.
 
-The scheduler is a ``LambdaLR`` stepped once per loop step (SPEC S2.5), whatever the
+The scheduler is a ``LambdaLR`` stepped once per loop step, whatever the
 number of processes; its whole state is ``last_epoch``, so it round-trips through JSON.
 """
 

@@ -1,6 +1,6 @@
 """Log lines and a terminal progress bar for the main process.
 
-Only the main process prints (SPEC S2.6); the bar is drawn only when stdout is a
+Only the main process prints; the bar is drawn only when stdout is a
 terminal, so logs captured by CI or a cluster scheduler stay clean line-by-line text.
 """
 

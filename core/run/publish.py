@@ -1,4 +1,4 @@
-"""End-of-run publishing (SPEC S8.2): the final ``pretrained_model/`` to the Hub.
+"""End-of-run publishing: the final ``pretrained_model/`` to the Hub.
 
 Runs on the main process after training, when the final checkpoint is complete on disk.
 By then the run has succeeded, so a failed upload (offline, no token, refused, no

@@ -1,4 +1,4 @@
-"""Experiment tracking (SPEC S8.1): config and metrics to trackio, from the main process.
+"""Experiment tracking: config and metrics to trackio, from the main process.
 
 trackio is local-first: each project is a SQLite file under ``$TRACKIO_DIR`` (default
 ``$HF_HOME/trackio``), viewed with ``trackio show``. We never give it a Space or server,

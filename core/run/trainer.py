@@ -1,9 +1,9 @@
 """The fixed training loop; it owns no policy-, format- or launcher-specific code.
 
-One loop step = one micro-batch per data-parallel worker (SPEC S2.2). Gradients are
-synchronised only on the last micro-batch of each accumulation window (S2.3); the LR
-scheduler steps once per loop step (S2.5); metrics are averaged across ranks before
-the main process logs them (S2.6).
+One loop step = one micro-batch per data-parallel worker. Gradients are
+synchronised only on the last micro-batch of each accumulation window; the LR
+scheduler steps once per loop step; metrics are averaged across ranks before
+the main process logs them.
 """
 
 from __future__ import annotations

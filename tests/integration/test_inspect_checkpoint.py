@@ -1,6 +1,6 @@
 """``inspect-checkpoint`` on real checkpoint files, through the installed console script.
 
-The fixture writes the layout-1 tree the trainer writes (SPEC S6), with real
+The fixture writes the layout-1 tree the trainer writes, with real
 safetensors files and real DCP folders from ``torch.distributed.checkpoint``; each test
 then damages one thing and checks the exit code and the line naming the file.
 """

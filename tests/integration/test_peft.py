@@ -1,4 +1,4 @@
-"""PEFT fine-tuning (SPEC S5) from the CLI, with real gloo processes on CPU.
+"""PEFT fine-tuning from the CLI, with real gloo processes on CPU.
 
 A tiny ACT base is trained once per module; every PEFT run starts from it with
 ``--policy.path``. Each layout saves at the half-way step and the end, which lets a test
