@@ -3,7 +3,7 @@
 Two real rank processes assemble an FSDP(2) run of a >=100 M-parameter ACT exactly as
 ``lerobot train`` does (``core.run.prepare_run``), take one optimizer step so AdamW
 holds its moments, then save the same state again and again with
-``core.checkpoint.manager.save_checkpoint`` — the call the trainer makes, fsync and
+``core.checkpoint.save_restore.save_checkpoint`` — the call the trainer makes, fsync and
 atomic publish included — rotating the format each time: ``safetensors`` (weights
 gathered to the main process, one file), ``dcp`` (each rank writes its shard) and
 ``safetensors_dcp`` (both). The optimizer state is DCP shards in every format, so the

@@ -1,5 +1,5 @@
-"""``lerobot convert-dcp`` (alias ``lerobot-convert-dcp``): a thin shell over
-``core.checkpoint.convert`` and ``core.hub``.
+"""``lerobot convert-dcp``: a thin shell over
+``core.offline.convert`` and ``core.run.hub``.
 
 torch is imported only when the command runs, so ``convert-dcp --help`` stays fast.
 Boolean flags take ``=true/false/1/0`` like the train flags, and a bare ``--delete_dcp``

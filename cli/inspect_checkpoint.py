@@ -1,4 +1,4 @@
-"""``lerobot inspect-checkpoint PATH``: a thin shell over ``core.checkpoint.inspect``.
+"""``lerobot inspect-checkpoint PATH``: a thin shell over ``core.offline.inspect``.
 
 Imports no torch, so it runs in a second on a CI box or a laptop without a GPU stack.
 """

@@ -1,6 +1,6 @@
 """The policy contract the trainer drives, and the ``pretrained_model/`` folder format.
 
-A policy sees only normalised batches (the processors of ``core.processor`` sit
+A policy sees only normalised batches (the processors of ``core.model.processor`` sit
 around it), declares its FSDP wrap units and default PEFT targets as class
 attributes, and can be built on the meta device: ``init_weights`` re-creates every
 parameter from the torch RNG, and construction itself runs ``init_weights`` from the

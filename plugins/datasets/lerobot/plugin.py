@@ -1,7 +1,7 @@
 """The LeRobot-format dataset plugin (``--dataset.repo_id=user/name``): config and registration.
 
 Torch-free and pyarrow-free so that ``lerobot train --help`` lists these flags without
-importing either; the reader lives in ``lerobot_reader`` and loads on first use.
+importing either; the reader lives in ``reader`` beside it and loads on first use.
 """
 
 from __future__ import annotations
