@@ -17,7 +17,8 @@ def test_fsdp2_act_learns_and_lerobot_loads_and_runs_the_checkpoint(work: Path, 
         nproc=2, root=dataset_root,
     )
     assert "layout fsdp" in result.stderr
-    assert "wrap units: 3 from policy (ACTDecoderLayer, ACTEncoderLayer)" in result.stderr
+    # 2 encoder layers, 1 decoder layer, and the VAE encoder's 1 (an ACTEncoderLayer too)
+    assert "wrap units: 4 from policy (ACTDecoderLayer, ACTEncoderLayer)" in result.stderr
     logged = losses(out)
     assert len(logged) == 16 and sum(logged[-4:]) < 0.6 * sum(logged[:4]), logged
 

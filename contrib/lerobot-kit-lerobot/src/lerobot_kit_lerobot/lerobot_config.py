@@ -43,7 +43,9 @@ def to_lerobot_config(config: LerobotPolicyConfig, meta: DatasetMeta | None = No
     try:
         lerobot_config = draccus.decode(config_class, raw)
     except (ValueError, TypeError, NotImplementedError, draccus.ParsingError) as exc:
-        raise ValueError(f"LeRobot's {config_class.__name__} refuses these settings: {exc}") from None
+        # draccus wraps what __post_init__ raised; LeRobot's own message is the cause.
+        reason = exc.__cause__ if isinstance(exc, draccus.ParsingError) and exc.__cause__ else exc
+        raise ValueError(f"LeRobot's {config_class.__name__} refuses these settings: {reason}") from None
     if meta is not None:
         features = dataset_to_policy_features(lerobot_features(meta))
         # As LeRobot's make_policy does: actions are outputs, every other feature an input.

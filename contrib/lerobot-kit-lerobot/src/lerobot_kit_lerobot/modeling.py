@@ -99,8 +99,22 @@ class LerobotPolicy(Policy):
 
 def build_lerobot_policy(lerobot_config: PreTrainedConfig) -> PreTrainedPolicy:
     """LeRobot's policy class for the config, constructed as LeRobot's ``make_policy`` does
-    for a fresh policy (but left on the current default device)."""
-    return get_policy_class(lerobot_config.type)(config=lerobot_config)
+    for a fresh policy (but left on the CPU, or on the meta device).
+
+    A sharded run builds the model on the meta device on all ranks but the main one. A
+    LeRobot policy cannot be built there: its constructors run the backbone on a dummy
+    image to size the next layer, and keep tensors outside their modules (Diffusion's
+    noise-scheduler tables) that nothing would fill later. So a meta build is a CPU build
+    whose parameters and buffers then move to the meta device (the main process
+    broadcasts their values), as every rank of LeRobot's own distributed training builds
+    the whole model.
+    """
+    policy_class = get_policy_class(lerobot_config.type)
+    if torch.get_default_device().type != "meta":
+        return policy_class(config=lerobot_config)
+    with torch.device("cpu"):
+        policy = policy_class(config=lerobot_config)
+    return policy.to("meta")
 
 
 def _scalar(value: Any) -> bool:

@@ -1,0 +1,102 @@
+"""The bridge as installed: beside LeRobot without touching it, listed by ``lerobot``,
+flags generated from LeRobot's configs, and bad flags refused in one line."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import BIN, env, run
+
+BRIDGE_SOURCE = Path(__file__).resolve().parents[1]
+
+
+def file_hashes(distribution: str) -> dict[Path, str]:
+    """Every file a distribution installed (its RECORD), by absolute path, with its sha256."""
+    files = importlib.metadata.distribution(distribution).files or []
+    located = (Path(f.locate()).resolve() for f in files)
+    return {path: hashlib.sha256(path.read_bytes()).hexdigest() for path in located if path.is_file()}
+
+
+def test_installing_the_bridge_replaces_none_of_lerobots_files(tmp_path: Path) -> None:
+    lerobot_before = file_hashes("lerobot")
+    assert any(path.name == "lerobot-train" for path in lerobot_before)
+    source = tmp_path / "lerobot-kit-lerobot"  # a copy: pip writes build files beside its source
+    shutil.copytree(BRIDGE_SOURCE, source, ignore=shutil.ignore_patterns("*.egg-info", "build", "__pycache__"))
+    install = subprocess.run(
+        [str(BIN / "pip"), "install", "--no-deps", "--no-build-isolation", "--force-reinstall", str(source)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert install.returncode == 0, install.stderr
+    assert file_hashes("lerobot") == lerobot_before
+    bridge = set(file_hashes("lerobot-kit-lerobot"))
+    kit = set(file_hashes("lerobot-kit"))
+    assert bridge and kit
+    assert not (bridge | kit) & set(lerobot_before)
+    # The console scripts stay apart: lerobot-kit's `lerobot`, LeRobot's `lerobot-*`, none from the bridge.
+    assert (BIN / "lerobot").resolve() in kit
+    assert not any(path.parent == BIN.resolve() for path in bridge)
+
+
+def test_the_hook_module_imports_neither_torch_nor_lerobot() -> None:
+    probe = "import sys, lerobot_kit_lerobot; print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'lerobot'}))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_lerobot_lists_the_bridged_policies(tmp_path: Path) -> None:
+    listed = json.loads(run(["plugins", "--json"], tmp_path).stdout)
+    text = json.dumps(listed)
+    assert "lerobot_kit_lerobot" in text and "lerobot_act" in text and "lerobot_diffusion" in text
+
+
+def test_flags_and_their_help_come_from_lerobots_config(tmp_path: Path) -> None:
+    shown = run(["train", "--policy.type=lerobot_act", "--help"], tmp_path).stdout
+    assert "--policy.dim_model" in shown and "The transformer blocks' main hidden dimension." in shown
+    assert "--policy.normalization_mapping" in shown
+
+
+def test_the_shipped_flag_schemas_are_those_of_the_installed_lerobot() -> None:
+    from lerobot_kit_lerobot.configuration import SCHEMAS
+    from lerobot_kit_lerobot.policies import BRIDGED
+    from lerobot_kit_lerobot.schema_gen import all_schemas
+
+    assert all_schemas(sorted(BRIDGED)) == SCHEMAS
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and lines[0].startswith("error:"), result.stderr
+    return result.stderr
+
+
+def test_a_misspelt_flag_is_one_line_naming_the_flag(tmp_path: Path) -> None:
+    result = run(["train", "--policy.type=lerobot_act", "--policy.dim_modle=64"], tmp_path, check=False)
+    assert "--policy.dim_modle: unknown flag; did you mean --policy.dim_model?" in one_error_line(result)
+
+
+def test_a_value_of_the_wrong_type_is_one_line_naming_the_flag(tmp_path: Path) -> None:
+    result = run(["train", "--policy.type=lerobot_diffusion", '--policy.down_dims=[16, "wide"]'], tmp_path, check=False)
+    assert "--policy.down_dims.1: Input should be a valid integer" in one_error_line(result)
+
+
+def test_settings_lerobot_refuses_are_one_line_with_lerobots_reason(tmp_path: Path) -> None:
+    result = run(["train", "--policy.type=lerobot_act", "--policy.n_action_steps=200"], tmp_path, check=False)
+    message = one_error_line(result)
+    assert "LeRobot's ACTConfig refuses these settings" in message and "chunk size" in message, message
+
+
+def test_a_policy_path_of_another_lerobot_type_names_the_right_flag(tmp_path: Path) -> None:
+    pretrained = tmp_path / "pretrained_model"
+    pretrained.mkdir()
+    (pretrained / "config.json").write_text(json.dumps({"type": "diffusion"}))
+    result = run(["train", "--policy.type=lerobot_act", f"--policy.path={pretrained}"], tmp_path, check=False)
+    assert "use --policy.type=lerobot_diffusion" in one_error_line(result)
+    assert env(tmp_path)["HF_HUB_OFFLINE"] == "1"
