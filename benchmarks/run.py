@@ -43,6 +43,7 @@ MODULES = {
     "data": "data_throughput",
     "fault_injection": "fault_injection",
     "ac_compile": "ac_compile",
+    "eval_success": "eval_success",
 }
 
 

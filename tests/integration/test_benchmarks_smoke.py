@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO
 
 BENCHMARKS = ["loop_overhead", "memory", "dist_overhead", "checkpoints", "convert_dcp", "startup", "data_memory",
-              "data", "fault_injection", "ac_compile"]
+              "data", "fault_injection", "ac_compile", "eval_success"]
 
 
 @pytest.mark.timeout(420)

@@ -138,6 +138,22 @@ def test_fp16_weights_load_through_policy_path(site, tmp_path, plugin):
         assert torch.equal(param, stored[name].float()), name
 
 
+def test_its_policy_and_format_evaluate_on_the_reach_task(site, tmp_path):
+    """The plugin's policy, trained on the built-in reach data and saved in the plugin's fp16
+    format, goes through ``lerobot eval`` like a built-in one."""
+    env = with_plugin(site)
+    flags = [flag for flag in TINY_MLP if not flag.startswith("--dataset.type")]
+    trained = run_cli("train", f"--output_dir={tmp_path / 'run'}", *flags, "--checkpoint_format=safetensors_fp16",
+                      "--steps=2", env=env, cwd=tmp_path, timeout=240)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    result = run_cli("eval", f"--policy.path={tmp_path / 'run' / 'checkpoints' / 'last'}", "--eval.n_episodes=2",
+                     "--eval.max_episodes_rendered=0", "--env.episode_length=20", "--output_dir=out", env=env,
+                     cwd=tmp_path, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    info = json.loads((tmp_path / "out" / "eval_info.json").read_text())
+    assert [row["seed"] for row in info["per_episode"]] == [1000, 1001] and info["expert"] is not None
+
+
 def test_fp16_format_keeps_out_of_range_tensors_in_fp32(plugin, tmp_path):
     from lerobot_kit.api import model_weights
     from lerobot_kit_mlp.configuration import PendulumDatasetConfig, ResidualMLPConfig

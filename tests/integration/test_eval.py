@@ -1,13 +1,12 @@
 """``lerobot eval`` and ``--eval_freq`` through the installed console script, with real gloo ranks.
 
-Policies here are tiny and barely trained: these tests check what evaluation computes and
-writes, not how good a policy is (the success figure is benchmarks/eval_success.py's).
+Policies here are tiny and barely trained, so the tests check what evaluation computes and
+writes; one test trains a policy that works (the full figure is benchmarks/eval_success.py's).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from plugin_dists import env_with, make_distribution
 
 DATA = ["--dataset.num_episodes=4", "--dataset.episode_length=20"]
 SHORT = ["--env.episode_length=30"]  # evaluation episodes of 30 steps: cheap, and long enough to move
-EVAL = ["--eval_freq=20", "--eval.n_episodes=8", "--eval.max_episodes_rendered=2", *SHORT]
+EVAL = ["--eval_freq=20", "--eval.n_episodes=8", "--eval.max_episodes_rendered=5", *SHORT]
 
 
 def train(workdir: Path, name: str, *args: str) -> Path:
@@ -97,7 +96,7 @@ def test_a_camera_policy_needs_the_camera_and_evaluates_with_it(tmp_path):
 
 
 def test_a_peft_checkpoint_evaluates_as_its_merged_policy(act, tmp_path):
-    from lerobot_kit.core.model.peft import merge_adapter
+    from lerobot_kit.core.model.policy import merge_adapter
 
     run = train(tmp_path, "lora", f"--policy.path={act}", "--peft.method_type=LORA", "--peft.r=4",
                 "--optimizer.lr=1e-2", "--steps=4")
@@ -110,15 +109,19 @@ def test_a_peft_checkpoint_evaluates_as_its_merged_policy(act, tmp_path):
     assert eval_info(tmp_path / "adapter_eval")["per_episode"] == eval_info(tmp_path / "merged_eval")["per_episode"]
 
 
-def test_the_diffusion_policy_evaluates(tmp_path):
-    run = train(tmp_path, "run", "--policy.type=diffusion", "--policy.dim_model=32", "--policy.dim_feedforward=64",
-                "--policy.n_layers=1", "--policy.horizon=8", "--policy.n_action_steps=4",
-                "--policy.num_inference_steps=2", "--steps=2")
-    result = evaluate(f"--policy.path={run}/checkpoints/last", "--eval.n_episodes=2",
-                      "--eval.max_episodes_rendered=1", *SHORT, "--output_dir=out", workdir=tmp_path)
+def test_a_trained_policy_reaches_nine_tenths_of_the_experts_success(tmp_path):
+    """The README figure in small (benchmarks/eval_success.py runs the README's own commands):
+    default ACT on the reach data, 500 steps at batch 32, then 20 episodes beside the expert."""
+    output = tmp_path / "run"
+    trained = run_cli("train", f"--output_dir={output}", "--batch_size=32", "--optimizer.lr=3e-4", "--steps=500",
+                      "--log_freq=100", env=launch_env(tmp_path), timeout=600)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    result = evaluate(f"--policy.path={output / 'checkpoints' / 'last'}", "--eval.n_episodes=20",
+                      "--eval.max_episodes_rendered=0", "--output_dir=out", workdir=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     info = eval_info(tmp_path / "out")
-    assert len(info["per_episode"]) == 2 and info["video_paths"] == ["videos/eval_episode_0.mp4"]
+    policy, expert = info["aggregated"]["pc_success"], info["expert"]["aggregated"]["pc_success"]
+    assert expert >= 90 and policy >= 0.9 * expert, result.stdout
 
 
 DRIFT_PLUGIN = '''
@@ -188,8 +191,9 @@ def test_a_third_party_environment_evaluates_without_expert_or_camera(act, tmp_p
 
 def test_eval_during_fsdp_training_is_split_reduced_and_leaves_training_alone(tmp_path):
     """Two FSDP ranks evaluate 8 episodes at steps 20 and 40. Each row counts all 8 and equals
-    ``lerobot eval`` (one process) on that step's checkpoint; the weights equal a run without
-    evaluation, and a resume from step 20 reproduces step 40 exactly."""
+    ``lerobot eval`` (one process) on that step's checkpoint, and the weights equal those of a
+    run without evaluation (dropout and the VAE draw from the RNG at every step, so a single
+    draw taken by the evaluation would show)."""
     common = [*TINY_ACT, *DATA, "--batch_size=4", "--parallelism.dp_shard=2", "--steps=40", "--save_freq=20",
               "--log_freq=20"]
     torchrun_train(2, *common, *EVAL, f"--output_dir={tmp_path / 'with'}", workdir=tmp_path)
@@ -207,25 +211,12 @@ def test_eval_during_fsdp_training_is_split_reduced_and_leaves_training_alone(tm
     for name in ("pc_success", "avg_sum_reward", "avg_max_reward"):
         assert rows[0][f"eval/{name}"] == during["aggregated"][name] == alone["aggregated"][name]
     assert rows[0]["eval/expert_pc_success"] == alone["expert"]["aggregated"]["pc_success"]
-    for video in during["video_paths"]:  # written by the rank that ran the episode
+    # Episodes 0-3 ran on rank 0 and episode 4 on rank 1: each rank wrote the videos of its own.
+    assert during["video_paths"] == [f"videos/eval_episode_{i}.mp4" for i in range(5)]
+    for video in during["video_paths"]:
         with av.open(str(tmp_path / "with" / "eval" / "000020" / video)) as container:
             assert sum(1 for _ in container.decode(video=0)) > 1
-    assert len(during["video_paths"]) == 2
 
     weights = "checkpoints/000040/pretrained_model/model.safetensors"
     trained, reference = load_file(tmp_path / "with" / weights), load_file(tmp_path / "without" / weights)
     assert all(torch.equal(trained[k], reference[k]) for k in reference)
-
-    # Resume a copy of the run from step 20 (evaluating as it goes): step 40 comes out the same.
-    resumed = tmp_path / "resumed"
-    shutil.copytree(tmp_path / "with", resumed, symlinks=True)
-    shutil.rmtree(resumed / "checkpoints" / "000040")
-    shutil.rmtree(resumed / "eval" / "000040")
-    os.remove(resumed / "checkpoints" / "last")
-    os.symlink("000020", resumed / "checkpoints" / "last")
-    torchrun_train(2, "--resume=true",
-                   f"--config_path={resumed / 'checkpoints' / '000020' / 'pretrained_model' / 'train_config.json'}",
-                   workdir=tmp_path)
-    again = load_file(resumed / weights)
-    assert all(torch.equal(again[k], trained[k]) for k in trained)
-    assert eval_info(resumed / "eval" / "000040")["per_episode"] == eval_info(tmp_path / "with" / "eval" / "000040")["per_episode"]

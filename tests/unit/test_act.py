@@ -21,7 +21,7 @@ from lerobot_kit.plugins.policies.act.configuration import ACTConfig
 from lerobot_kit.plugins.policies.act.modeling import ACTDecoderLayer, ACTEncoderLayer, ACTPolicy
 
 TINY = dict(dim_model=32, n_heads=4, dim_feedforward=64, n_encoder_layers=2, n_vae_encoder_layers=1,
-            latent_dim=8, chunk_size=6, n_action_steps=3)
+            latent_dim=8, chunk_size=6, n_action_steps=3, dropout=0.1)
 
 
 def _setup(image: bool, **overrides: object):
@@ -131,7 +131,7 @@ def test_config_rejects_inconsistent_shapes() -> None:
     from pydantic import ValidationError
 
     with pytest.raises(ValidationError, match="n_action_steps=21 exceeds chunk_size=20"):
-        ACTConfig(n_action_steps=21)
+        ACTConfig(chunk_size=20, n_action_steps=21)
     with pytest.raises(ValidationError, match="not divisible by n_heads=3"):
         ACTConfig(n_heads=3)
 

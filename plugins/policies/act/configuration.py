@@ -15,16 +15,16 @@ from lerobot_kit.core.config.schema import PolicyConfig
 
 class ACTConfig(PolicyConfig):
     type: str = "act"
-    chunk_size: int = Field(20, ge=1, description="Actions predicted per forward pass.")
-    n_action_steps: int = Field(20, ge=1, description="Actions executed from each chunk before predicting again.")
-    dim_model: int = Field(128, ge=8, description="Transformer width.")
+    chunk_size: int = Field(10, ge=1, description="Actions predicted per forward pass.")
+    n_action_steps: int = Field(10, ge=1, description="Actions executed from each chunk before predicting again.")
+    dim_model: int = Field(64, ge=8, description="Transformer width.")
     n_heads: int = Field(4, ge=1, description="Attention heads.")
-    dim_feedforward: int = Field(512, ge=8, description="Feed-forward width.")
+    dim_feedforward: int = Field(256, ge=8, description="Feed-forward width.")
     feedforward_activation: Literal["relu", "gelu"] = Field("relu", description="Feed-forward activation.")
-    n_encoder_layers: int = Field(4, ge=1, description="ACTEncoderLayer blocks in the encoder.")
+    n_encoder_layers: int = Field(2, ge=1, description="ACTEncoderLayer blocks in the encoder.")
     n_decoder_layers: int = Field(1, ge=1, description="ACTDecoderLayer blocks in the decoder.")
     pre_norm: bool = Field(False, description="Pre-LayerNorm blocks instead of post-norm.")
-    dropout: float = Field(0.1, ge=0, lt=1, description="Dropout in the transformer.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout in the transformer.")
     use_vae: bool = Field(True, description="Train the CVAE latent (style variable) with its KL term.")
     latent_dim: int = Field(32, ge=1, description="CVAE latent size.")
     n_vae_encoder_layers: int = Field(2, ge=1, description="ACTEncoderLayer blocks in the CVAE encoder.")
