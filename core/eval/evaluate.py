@@ -49,23 +49,30 @@ class Evaluator:
         self.ctx = ctx
         self.entry = get_registry().env(env.type)
         self._envs: dict[int, VectorEnv] = {}
-        probe = self._env(min(options.batch_size, options.n_episodes))
-        check_env_features(meta, probe.features, env.type)
-        self.fps = probe.fps
-        # Decided once, from the class, so every rank takes the same collectives whatever its share.
-        self.has_expert = type(probe).expert_action is not VectorEnv.expert_action
+        probe = self.entry.build(env, min(options.batch_size, options.n_episodes))
+        try:
+            check_env_features(meta, probe.features, env.type)
+            self.fps = probe.fps
+            # Decided once, from the class, so every rank takes the same collectives whatever its share.
+            self.has_expert = type(probe).expert_action is not VectorEnv.expert_action
+        finally:
+            probe.close()
         if options.max_episodes_rendered:
             import_av()
 
     def _env(self, num_envs: int) -> VectorEnv:
-        """One environment per batch size (at most two: full batches and the last one), kept."""
+        """One environment per batch size (at most two: full batches and the last one), kept
+        until ``close``."""
         if num_envs not in self._envs:
             self._envs[num_envs] = self.entry.build(self.env_config, num_envs)
         return self._envs[num_envs]
 
     def close(self) -> None:
+        """Close the environments; the next evaluation builds them again. Between evaluations
+        during training, a simulator holds nothing."""
         for env in self._envs.values():
             env.close()
+        self._envs.clear()
 
     def run(self, policy: Policy, preprocessor: PolicyProcessor, postprocessor: PolicyProcessor,
             output_dir: Path, setup: dict[str, Any]) -> dict[str, Any] | None:
@@ -74,6 +81,13 @@ class Evaluator:
         ``eval_s`` is the slowest rank's time for its share of policy rollouts: the wall
         time of the evaluation's rollouts, which run on all ranks at once.
         """
+        try:
+            return self._run(policy, preprocessor, postprocessor, output_dir, setup)
+        finally:
+            self.close()
+
+    def _run(self, policy: Policy, preprocessor: PolicyProcessor, postprocessor: PolicyProcessor,
+             output_dir: Path, setup: dict[str, Any]) -> dict[str, Any] | None:
         batches = rank_share(episode_batches(self.options.n_episodes, self.options.batch_size),
                              self.ctx.rank, self.ctx.world_size)
         started = time.perf_counter()

@@ -26,10 +26,7 @@ def evaluate_checkpoint(config: EvalRunConfig) -> tuple[dict[str, Any], Path]:
     ctx = DistContext(rank=0, local_rank=0, world_size=1, device=device, launcher="single", backend=None)
     policy, preprocessor, postprocessor = load_pretrained(Path(config.policy.path))
     evaluator = Evaluator(config.env, config.eval, config.seed, ctx, policy.meta)
-    try:
-        info = evaluator.run(policy.to(device), preprocessor, postprocessor, output_dir,
-                             {"policy_path": str(Path(config.policy.path).resolve())})
-    finally:
-        evaluator.close()
+    info = evaluator.run(policy.to(device), preprocessor, postprocessor, output_dir,
+                         {"policy_path": str(Path(config.policy.path).resolve())})
     assert info is not None  # the only process is the main one
     return info, output_dir
