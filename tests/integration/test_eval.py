@@ -95,18 +95,22 @@ def test_a_camera_policy_needs_the_camera_and_evaluates_with_it(tmp_path):
     assert len(eval_info(tmp_path / "out")["per_episode"]) == 2
 
 
-def test_a_peft_checkpoint_evaluates_as_its_merged_policy(act, tmp_path):
+def test_a_peft_checkpoint_evaluates_as_its_merged_policy_and_as_during_training(act, tmp_path):
+    """The adapter checkpoint, the plain model merged from it and the run's own evaluation of
+    its last step (a copy of the PEFT model, merged) give the same episodes."""
     from lerobot_kit.core.model.policy import merge_adapter
 
+    common = ["--eval.n_episodes=3", "--eval.max_episodes_rendered=0", *SHORT]
     run = train(tmp_path, "lora", f"--policy.path={act}", "--peft.method_type=LORA", "--peft.r=4",
-                "--optimizer.lr=1e-2", "--steps=4")
+                "--optimizer.lr=1e-2", "--steps=4", "--eval_freq=4", *common)
     adapter = run / "checkpoints" / "000004"
     merged = merge_adapter(adapter / "pretrained_model", tmp_path / "merged")
-    common = ["--eval.n_episodes=3", "--eval.max_episodes_rendered=0", *SHORT]
     for path, out in ((adapter, "adapter_eval"), (merged, "merged_eval")):
         result = evaluate(f"--policy.path={path}", *common, f"--output_dir={out}", workdir=tmp_path)
         assert result.returncode == 0, result.stderr[-3000:]
-    assert eval_info(tmp_path / "adapter_eval")["per_episode"] == eval_info(tmp_path / "merged_eval")["per_episode"]
+    episodes = eval_info(tmp_path / "adapter_eval")["per_episode"]
+    assert episodes == eval_info(tmp_path / "merged_eval")["per_episode"]
+    assert episodes == eval_info(run / "eval" / "000004")["per_episode"]
 
 
 def test_a_trained_policy_reaches_nine_tenths_of_the_experts_success(tmp_path):
