@@ -8,18 +8,23 @@ and batch (``loop_overhead.bare_loop``), the fastest a step can eat. Blocks alte
 the goal is a 10× margin.
 
 Per worker, on video: on the 2k-frame 480×640 SVT-AV1 (GOP 2) dataset of ``data_video``,
-this process serves batches of 8 exactly as one DataLoader worker does (``build_loader``
-with ``--num_workers=0``: ACT's 100-frame action chunk, the camera frame, collation),
-with uniform random sampling and with ``--dataset.sampler.type=episode_blocks``. The
+this process does what one DataLoader worker does for the loader ``lerobot train``
+builds (ACT's 100-frame action chunk and the camera frame per item; under uniform random
+sampling each request is a collated batch of 8, under
+``--dataset.sampler.type=episode_blocks`` one block's items), counted in samples/s. The
 reference is the limit of any reader: PyAV decoding the same file front to back, one
-thread, converting every frame as the reader does. Blocks alternate.
+thread, converting every frame to RGB as LeRobot's reader does. Both run single-threaded
+in this process and are timed in CPU seconds (a worker's throughput when it has a core:
+on a shared machine, wall time measures the neighbours too). Blocks alternate.
 
 Data wait: ``lerobot train`` with ACT at LeRobot's sizes (dim_model 512, feed-forward
 3200, chunk 100, resnet18, batch 8) on that dataset with the default workers; the log's
 ``data_s`` (the step's wait for its batch) against the step time, after two warm-up
-steps. resnet18 needs torchvision (the ``vision`` extra); without it ACT's built-in conv
-backbone is used, a shorter step than resnet18's and so a stricter ratio, and the row
-says so.
+steps. resnet18 needs torchvision (the ``vision`` extra). torchvision's wheels are built
+for one torch each, and its compiled operators (detection ops, which resnet18 never
+uses) fail to register on another build, such as a CPU torch beside a CUDA torchvision;
+then the run imports torchvision's Python modules without them (``TORCHVISION_MODULES``)
+and the row says so. Without torchvision the row is left out.
 """
 
 from __future__ import annotations
@@ -80,18 +85,18 @@ def _loader_rate(ctx: Context, flags: list[str], batches: int, slug: str) -> Cal
 
 
 def _front_to_back(video: Path) -> Callable[[], float]:
-    """Frames/s of PyAV decoding ``video`` whole, one thread, each frame converted to RGB."""
+    """Frames per CPU-second of PyAV decoding ``video`` whole, one thread, each frame converted to RGB."""
     import av
 
     def rate() -> float:
-        start, count = time.perf_counter(), 0
+        start, count = time.process_time(), 0
         with av.open(str(video)) as container:
             stream = container.streams.video[0]
             stream.codec_context.thread_count = 1
             for frame in container.decode(stream):
                 frame.to_ndarray(format="rgb24")
                 count += 1
-        return count / (time.perf_counter() - start)
+        return count / (time.process_time() - start)
 
     return rate
 
@@ -116,14 +121,38 @@ def _loader_vs_step(ctx: Context, result: Result) -> None:
         ))
 
 
+def _worker_rate(ctx: Context, flags: list[str], samples: int, slug: str) -> Callable[[], float]:
+    """Samples/s of the work one DataLoader worker does for the loader of ``flags``: the
+    requests its sampler makes, served in this process (``--num_workers=0``), without what
+    the main process adds (block sampling's buffer and collation)."""
+    import torch
+
+    from lerobot_kit.core.config.flags import parse_train_config
+    from lerobot_kit.core.data.build import build_dataset
+    from lerobot_kit.core.data.loader import build_loader
+    from lerobot_kit.core.data.sampler import DataPosition
+
+    config = parse_train_config([*flags, "--num_workers=0", f"--output_dir={ctx.folder(NAME, slug) / 'run'}"])
+    requests = iter(build_loader(build_dataset(config), config, 1, 0, DataPosition(), torch.device("cpu")).loader)
+
+    def rate() -> float:
+        start, count = time.process_time(), 0
+        while count < samples:
+            served = next(requests)
+            count += len(served) if isinstance(served, list) else len(served["index"])
+        return count / (time.process_time() - start)
+
+    return rate
+
+
 def _per_worker(ctx: Context, result: Result, root: Path) -> None:
     flags = ["--dataset.repo_id=bench/video", f"--dataset.root={root}", "--policy.chunk_size=100",
-             "--policy.n_action_steps=100", f"--batch_size={BATCH}", "--num_workers=0"]
+             "--policy.n_action_steps=100", f"--batch_size={BATCH}"]
     reference = _front_to_back(next((root / "videos").rglob("*.mp4")))
     samplers = {"random": [], "episode blocks": ["--dataset.sampler.type=episode_blocks"]}
     for label, extra in samplers.items():
-        ours = _loader_rate(ctx, [*flags, *extra], ctx.pick(2, 25), f"worker_{label.replace(' ', '_')}")
-        ours()  # warm-up: a decoder opened, the block buffer filled
+        ours = _worker_rate(ctx, [*flags, *extra], ctx.pick(16, 200), f"worker_{label.replace(' ', '_')}")
+        ours()  # warm-up: the decoder opened, first-call allocations
         delivered, limit = alternate(ctx.pick(2, 4), ours, reference)
         stats = paired(delivered, limit)
         result.details[f"per worker, {label}"] = {**stats, "delivered": delivered, "front_to_back": limit}
@@ -136,14 +165,17 @@ def _per_worker(ctx: Context, result: Result, root: Path) -> None:
 
 
 def _data_wait(ctx: Context, result: Result, root: Path) -> None:
-    backbone = "resnet18" if _torchvision_works() else "conv"
-    policy = LEROBOT_ACT if not ctx.smoke else ["--policy.type=act", "--policy.dim_model=32",
-                                                 "--policy.dim_feedforward=64", "--policy.chunk_size=10",
-                                                 "--policy.n_action_steps=10"]
-    policy = [*policy, f"--policy.vision_backbone={backbone}"]
+    torchvision = None if ctx.smoke else _torchvision()  # the smoke run's ACT has no resnet18
+    if torchvision is None and not ctx.smoke:
+        result.details["data wait"] = "left out: ACT's resnet18 needs torchvision (pip install 'lerobot-kit[vision]')"
+        return
+    policy = [*LEROBOT_ACT, "--policy.vision_backbone=resnet18"] if not ctx.smoke else [
+        "--policy.type=act", "--policy.dim_model=32", "--policy.dim_feedforward=64", "--policy.chunk_size=10",
+        "--policy.n_action_steps=10"]
     steps = ctx.pick(3, 8)
     out = ctx.folder(NAME, "data_wait") / "run"
-    entry = "import sys; from lerobot_kit.cli.main import cli; sys.argv[0] = 'lerobot'; cli()"
+    entry = ("" if torchvision in (None, "torchvision") else TORCHVISION_MODULES) + (
+        "import sys; from lerobot_kit.cli.main import cli; sys.argv[0] = 'lerobot'; cli()")
     argv = [sys.executable, "-c", entry, "train", "--dataset.repo_id=bench/video", f"--dataset.root={root}",
             *policy, f"--batch_size={BATCH}", f"--steps={steps}", "--log_freq=1", "--save_checkpoint=false",
             f"--output_dir={out}"]
@@ -152,19 +184,33 @@ def _data_wait(ctx: Context, result: Result, root: Path) -> None:
     wait = sum(m["data_s"] for m in logged)
     step = sum(BATCH / m["samples_per_s"] for m in logged)
     ratio = wait / step
-    result.details["data wait"] = {"backbone": backbone, "data_s": [m["data_s"] for m in logged],
+    result.details["data wait"] = {"torchvision": torchvision, "data_s": [m["data_s"] for m in logged],
                                    "step_s": [BATCH / m["samples_per_s"] for m in logged]}
     result.rows.append(Row(
-        f"ACT at LeRobot's sizes ({backbone} backbone), default workers: data wait per step vs step time",
-        wait / len(logged), step / len(logged), "s", ratio, WAIT_GOAL, judge(ratio, WAIT_GOAL),
-        "dim_model 512, feed-forward 3200, chunk 100, batch 8; 480x640 AV1",
+        "ACT at LeRobot's sizes, default workers: data wait per step vs step time", wait / len(logged),
+        step / len(logged), "s", ratio, WAIT_GOAL, judge(ratio, WAIT_GOAL),
+        f"resnet18 ({torchvision}), dim_model 512, chunk 100, batch 8; 480x640 AV1" if torchvision else "smoke",
     ))
 
 
-def _torchvision_works() -> bool:
-    """torchvision imports (its wheels pin one torch build: a CUDA one fails on a CPU torch)."""
-    probe = subprocess.run([sys.executable, "-c", "import torchvision.models"], capture_output=True)
-    return probe.returncode == 0
+# Imports torchvision's Python modules without its package __init__, which registers the
+# compiled detection operators and fails when they were built for another torch.
+TORCHVISION_MODULES = (
+    "import importlib.util, pathlib, sys, types; spec = importlib.util.find_spec('torchvision'); "
+    "package = types.ModuleType('torchvision'); package.__path__ = [str(pathlib.Path(spec.origin).parent)]; "
+    "package.__spec__ = spec; sys.modules['torchvision'] = package; import torchvision.models; "
+)
+
+
+def _torchvision() -> str | None:
+    """How resnet18 can be built here: "torchvision", "torchvision's Python modules", or None."""
+    for how, code in (("torchvision", ""), ("torchvision's Python modules, compiled operators not loaded",
+                                            TORCHVISION_MODULES)):
+        probe = subprocess.run([sys.executable, "-c", code + "import torchvision.models; "
+                                "torchvision.models.resnet18(weights=None)"], capture_output=True)
+        if probe.returncode == 0:
+            return how
+    return None
 
 
 def run(ctx: Context) -> Result:

@@ -33,6 +33,13 @@ def pad_key(feature: str) -> str:
     return f"{feature}_is_pad"
 
 
+def camera_to_float(frames: torch.Tensor) -> torch.Tensor:
+    """uint8 camera frames as float32 in [0, 1] (``x / 255``, as LeRobot's readers compute it)."""
+    import torch
+
+    return torch.div(frames, 255.0) if frames.dtype == torch.uint8 else frames
+
+
 @dataclass(frozen=True)
 class FeatureSpec:
     """One per-frame feature: dtype ("float32", "image", "bool", "int64", ...), shape, axis names."""
@@ -162,6 +169,12 @@ class PolicyDataset:
     its open files. ``episode_lengths`` tells samplers where episodes begin (frames of an
     episode are contiguous), so a block of frames can stay inside one.
 
+    Implement ``item(i, uint8_cameras=...)`` (``dataset[i]`` calls it), or only
+    ``__getitem__``. With ``uint8_cameras`` camera frames come as stored, uint8 in
+    [0, 255] (LeRobot's ``return_uint8``): the training loader asks for that, so workers
+    ship and collate 4× fewer bytes, and converts them to float (``camera_to_float``)
+    once they reached the main process. A dataset may return float frames anyway.
+
     Not a subclass of ``torch.utils.data.Dataset`` so that this module stays torch-free;
     DataLoader and samplers only need ``__len__``/``__getitem__``, which is all that
     base class adds.
@@ -173,7 +186,14 @@ class PolicyDataset:
         raise NotImplementedError
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return self.item(i)
+
+    def item(self, i: int, *, uint8_cameras: bool = False) -> dict[str, torch.Tensor]:
         raise NotImplementedError
+
+    def items(self, indices: list[int], *, uint8_cameras: bool = False) -> list[dict[str, torch.Tensor]]:
+        """Several items at once (a DataLoader request); a dataset may read them together."""
+        return [self.item(i, uint8_cameras=uint8_cameras) for i in indices]
 
     def episode_lengths(self) -> np.ndarray:
         raise NotImplementedError
@@ -218,7 +238,7 @@ class InMemoryDataset(PolicyDataset):
     def episode_lengths(self) -> np.ndarray:
         return self.windows.lengths
 
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+    def item(self, i: int, *, uint8_cameras: bool = False) -> dict[str, torch.Tensor]:
         import torch
 
         i = self.windows.check_index(i)
@@ -232,8 +252,8 @@ class InMemoryDataset(PolicyDataset):
                 value = array[rows]
                 item[pad_key(key)] = torch.from_numpy(is_pad)
             tensor = torch.tensor(value)
-            if self.meta.features[key].is_image:
-                tensor = tensor.to(torch.float32) / 255.0
+            if self.meta.features[key].is_image and not uint8_cameras:
+                tensor = camera_to_float(tensor)
             item[key] = tensor
         item["episode_index"] = torch.tensor(self.episode_index[i], dtype=torch.int64)
         item["index"] = torch.tensor(i, dtype=torch.int64)

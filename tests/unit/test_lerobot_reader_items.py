@@ -129,3 +129,21 @@ def test_episode_subset_across_chunks_and_shuffled_rows(tmp_path: Path) -> None:
     video = video_truth(tmp_path, written, episodes_per_file=1, chunks_size=2)
     positions = np.flatnonzero(np.isin(written.episode_index, [1, 2]))
     assert_items(dataset, written, video, HISTORY, list(range(len(dataset))), positions=positions)
+
+
+@pytest.mark.parametrize("uint8_cameras", [False, True])
+def test_items_read_together_equal_items_read_one_by_one(tmp_path: Path, uint8_cameras: bool) -> None:
+    write_lerobot_dataset(tmp_path, LENGTHS, image=True, video=True, episodes_per_file=2)
+    dataset = load(tmp_path, HISTORY)
+    n = sum(LENGTHS)
+    requests = [list(range(3, 19)), list(range(n - 5, n)) + [0, 1, 2], [30, 2, 30, 17, -1, 8, 8]]
+    for indices in requests:
+        together = dataset.items(indices, uint8_cameras=uint8_cameras)
+        for i, item in zip(indices, together):
+            alone = dataset.item(i, uint8_cameras=uint8_cameras)
+            assert item.keys() == alone.keys()
+            for key in item:
+                assert item[key].dtype == alone[key].dtype and torch.equal(item[key], alone[key]), (i, key)
+    cameras = dataset.item(5, uint8_cameras=True)
+    assert cameras[VIDEO_KEY].dtype == torch.uint8 and cameras[IMAGE_KEY].dtype == torch.uint8
+    assert torch.equal(cameras[VIDEO_KEY].float() / 255, dataset[5][VIDEO_KEY])

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lerobot_kit.core.data.dataset import DatasetMeta, PolicyDataset, pad_key
+from lerobot_kit.core.data.dataset import DatasetMeta, PolicyDataset, camera_to_float, pad_key
 from lerobot_kit.core.data.windows import EpisodeWindows, expand_delta_indices
 from lerobot_kit.plugins.datasets.lerobot import images, video
 from lerobot_kit.plugins.datasets.lerobot.columns import FileColumns, episode_rows, open_file_columns
@@ -119,7 +119,7 @@ class LeRobotDataset(PolicyDataset):
         first = self._first_row[position]
         return self.columns(row.data_file), np.arange(first, first + row.length)
 
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+    def item(self, i: int, *, uint8_cameras: bool = False) -> dict[str, torch.Tensor]:
         import torch
 
         i = self.windows.check_index(i)
@@ -139,12 +139,55 @@ class LeRobotDataset(PolicyDataset):
             if source.kind == "numeric":
                 value = torch.from_numpy(np.array(columns.numeric[key][rows]))
             else:
-                pixels = self.camera_frames(key, position, rows)
-                value = torch.from_numpy(pixels).to(torch.float32).div_(255.0)
+                value = torch.from_numpy(self.camera_frames(key, position, rows))
+                value = value if uint8_cameras else camera_to_float(value)
             item[key] = value if offsets is not None else value[0]
         item["episode_index"] = torch.tensor(episode.index, dtype=torch.int64)
         item["index"] = torch.tensor(i, dtype=torch.int64)
         return item
+
+    def items(self, indices: list[int], *, uint8_cameras: bool = False) -> list[dict[str, torch.Tensor]]:
+        """``[self.item(i) for i in indices]``, with the frames of one episode read together: one
+        gather per numeric column and one pass of the decoder over each camera's frames,
+        which block sampling (a run of consecutive frames per request) turns into one
+        sequential decode with no per-item overhead."""
+        frames = [self.windows.check_index(i) for i in indices]
+        by_episode: dict[int, list[int]] = {}
+        for slot, i in enumerate(frames):
+            by_episode.setdefault(self.windows.episode_of(i), []).append(slot)
+        out: list[dict[str, torch.Tensor]] = [{} for _ in frames]
+        for position, slots in by_episode.items():
+            self._episode_items(position, np.array([frames[s] for s in slots]), [out[s] for s in slots], uint8_cameras)
+        return out
+
+    def _episode_items(
+        self, position: int, frames: np.ndarray, items: list[dict[str, torch.Tensor]], uint8_cameras: bool
+    ) -> None:
+        import torch
+
+        start, end = self.windows.starts[position], self.windows.starts[position + 1]
+        columns = self.columns(self.episodes[position].data_file)
+        to_row = self._first_row[position] - start  # frame number -> cache row
+        for key, source in self.info.features.items():
+            offsets = self.delta_indices.get(key)
+            wanted = frames[:, None] + (offsets if offsets is not None else np.zeros(1, dtype=np.int64))[None, :]
+            rows = np.clip(wanted, start, end - 1) + to_row
+            if source.kind == "numeric":
+                gathered = np.asarray(columns.numeric[key][rows.ravel()])
+                values = torch.from_numpy(gathered.reshape(*rows.shape, *source.spec.shape))
+            else:
+                unique, inverse = np.unique(rows, return_inverse=True)
+                pixels = torch.from_numpy(self.camera_frames(key, position, unique))
+                values = (pixels if uint8_cameras else camera_to_float(pixels))[inverse.reshape(rows.shape)]
+            pads = torch.from_numpy((wanted < start) | (wanted >= end))
+            for j, item in enumerate(items):
+                item[key] = values[j] if offsets is not None else values[j, 0]
+                if offsets is not None:
+                    item[pad_key(key)] = pads[j]
+        episode_index = self.episodes[position].index
+        for i, item in zip(frames.tolist(), items):
+            item["episode_index"] = torch.tensor(episode_index, dtype=torch.int64)
+            item["index"] = torch.tensor(i, dtype=torch.int64)
 
     def camera_frames(self, key: str, position: int, rows: np.ndarray) -> np.ndarray:
         """uint8 ``[len(rows), C, H, W]`` of camera ``key`` at cache rows of the ``position``-th episode."""

@@ -37,7 +37,7 @@ VIDEO_EXTRA = "pip install 'lerobot-kit[video]' (or: pip install av)"
 BACKENDS = ("pyav",)
 TOLERANCE_FRAMES = 0.4
 FRAME_FORMATS = {1: "gray", 3: "rgb24"}
-MAX_OPEN_DECODERS = 8  # per process; each holds a demuxer, a one-thread decoder and a few RGB frames
+MAX_OPEN_DECODERS = 8  # files per process; each holds a demuxer, a one-thread decoder and a few RGB frames
 
 
 def require_video_decoder(backend: str | None, video_keys: list[str]) -> ModuleType:
@@ -82,6 +82,7 @@ class _Decoder:
         self.time_base = self.stream.time_base
         self.frames: Any = None  # the decode iterator since the last seek
         self.position = -np.inf  # time of the last decoded frame
+        self.last: tuple[float, Any] | None = None  # that frame: the next item often wants it
         self.converted: collections.OrderedDict[float, np.ndarray] = collections.OrderedDict()
         self.keep = keep
         self.seen: collections.deque[float] = collections.deque(maxlen=4)  # last decoded times, for errors
@@ -93,6 +94,7 @@ class _Decoder:
         self.container.seek(round(time / self.time_base) - 1, backward=True, any_frame=False, stream=self.stream)
         self.frames = self.container.decode(self.stream)
         self.position = -np.inf
+        self.last = None
 
     def next(self) -> tuple[float, Any] | None:
         """The next decoded frame and its presentation time, or None at the end of the stream."""
@@ -105,7 +107,8 @@ class _Decoder:
             self.frames_per_key = max(self.frames_per_key, self._since_key + 1)
             self.position = float(frame.pts * self.time_base)
             self.seen.append(self.position)
-            return self.position, frame
+            self.last = (self.position, frame)
+            return self.last
         self.frames = None
         return None
 
@@ -117,11 +120,13 @@ class _Decoder:
 
     def close(self) -> None:
         self.converted.clear()
+        self.last = None
         self.container.close()
 
 
 class VideoDecoders:
-    """The open decoders of one process, at most ``max_open``, least recently used closed first.
+    """The open decoders of one process, one per file, at most ``max_open`` files (least recently
+    used closed first).
 
     ``keep`` is how many converted frames each decoder remembers: the span of the
     longest camera history asked for, so overlapping windows of consecutive items
@@ -135,7 +140,7 @@ class VideoDecoders:
         self.tolerance = TOLERANCE_FRAMES / fps
         self.keep = max(1, keep)
         self.max_open = max_open
-        self._open: collections.OrderedDict[int, _Decoder] = collections.OrderedDict()
+        self._open: collections.OrderedDict[Path, _Decoder] = collections.OrderedDict()
         self._pid = os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -199,6 +204,8 @@ class VideoDecoders:
 
         for time, pixels in decoder.converted.items():
             offer(time, pixels)
+        if decoder.last is not None:
+            offer(*decoder.last)
         while decoder.position < wanted[-1]:
             decoded = decoder.next()
             if decoded is None:
@@ -208,43 +215,38 @@ class VideoDecoders:
         for query, (time, candidate) in best.items():
             pixels = candidate if isinstance(candidate, np.ndarray) else decoder.converted.get(time)
             if pixels is None:
-                pixels = _to_array(decoder.path, key, candidate, shape)
+                pixels = _to_array(decoder, key, candidate, shape)
             decoder.remember(time, pixels)
             out[query] = pixels
         return out
 
     def _decoder_for(self, path: Path, first: float) -> tuple[_Decoder, bool]:
-        """An open decoder of ``path`` that holds ``first`` or reaches it by decoding forward,
-        else a decoder seeked to it (and True)."""
+        """The decoder of ``path``, as it stands when it holds ``first`` or reaches it by decoding
+        forward, else seeked to it (and True). Opening a file costs more than seeking in it,
+        so each file has one decoder; the least recently used file is closed past ``max_open``."""
         if os.getpid() != self._pid:  # a forked worker: the parent's decoders are not ours
             self._open, self._pid = collections.OrderedDict(), os.getpid()
-        for ident, decoder in reversed(self._open.items()):
-            if decoder.path != path:
-                continue
-            ahead = (first - decoder.position) * self.fps
-            held = any(abs(time - first) <= self.tolerance for time in decoder.converted)
-            if held or (decoder.frames is not None and 0 < ahead <= decoder.frames_per_key + 1):
-                self._open.move_to_end(ident)
-                return decoder, False
-        same_file = [d for d in self._open.values() if d.path == path]
-        if len(self._open) >= self.max_open:
-            ident, oldest = next(iter(self._open.items()))
-            if same_file and oldest.path != path:
-                # Reuse this file's least recently used decoder before closing another file's.
-                ident, oldest = next((i, d) for i, d in self._open.items() if d.path == path)
-            del self._open[ident]
-            oldest.close()
-        decoder = _Decoder(self.av, path, self.keep)
-        self._open[id(decoder)] = decoder
+        decoder = self._open.get(path)
+        if decoder is None:
+            if len(self._open) >= self.max_open:
+                self._open.popitem(last=False)[1].close()
+            decoder = self._open[path] = _Decoder(self.av, path, self.keep)
+        self._open.move_to_end(path)
+        ahead = (first - decoder.position) * self.fps
+        held = any(abs(time - first) <= self.tolerance for time in [*decoder.converted, decoder.position])
+        if held or (decoder.frames is not None and 0 < ahead <= decoder.frames_per_key + 1):
+            return decoder, False
         decoder.seek(first)
         return decoder, True
 
     def _forget(self, path: Path) -> None:
-        for ident in [i for i, d in self._open.items() if d.path == path]:
-            self._open.pop(ident).close()
+        decoder = self._open.pop(path, None)
+        if decoder is not None:
+            decoder.close()
 
     def _nearest_text(self, path: Path, time: float) -> str:
-        seen = [t for d in self._open.values() if d.path == path for t in (*d.seen, *d.converted)]
+        decoder = self._open.get(path)
+        seen = [*decoder.seen, *decoder.converted] if decoder is not None else []
         if not seen:
             return "no frames near it"
         nearest = min(seen, key=lambda t: abs(t - time))
@@ -258,14 +260,15 @@ def _within(sorted_times: np.ndarray, time: float, tolerance: float) -> range:
     return range(lo, hi)
 
 
-def _to_array(path: Path, key: str, frame: Any, shape: tuple[int, ...]) -> np.ndarray:
+def _to_array(decoder: _Decoder, key: str, frame: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """uint8 ``[C, H, W]`` of a decoded frame, converted as LeRobot's PyAV reader converts it."""
     channels, height, width = shape
     pixels = frame.to_ndarray(format=FRAME_FORMATS[channels])
-    # Channel-first and contiguous: converting a strided view to float later is ~3x slower.
+    # Channel-first and contiguous: what items hold, and a strided view would make every later copy slower.
     pixels = np.ascontiguousarray(pixels.reshape(pixels.shape[0], pixels.shape[1], -1).transpose(2, 0, 1))
     if pixels.shape != (channels, height, width):
         raise LeRobotDatasetError(
-            f"{path}: frames of {key!r} are {pixels.shape[2]}x{pixels.shape[1]}; "
+            f"{decoder.path}: frames of {key!r} are {pixels.shape[2]}x{pixels.shape[1]}; "
             f"meta/info.json declares {width}x{height}"
         )
     return pixels
