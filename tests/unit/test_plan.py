@@ -41,7 +41,8 @@ def test_unsharded_layouts_hold_everything() -> None:
 
 
 def test_activations_are_planned_with_and_without_checkpointing() -> None:
-    acts = _plan(["--batch_size=6"], 1)["activations"]
+    sizes = ["--batch_size=6", "--policy.chunk_size=20", "--policy.n_action_steps=20", "--policy.n_encoder_layers=4"]
+    acts = _plan(sizes, 1)["activations"]
     assert acts["batch_size"] == 6 and acts["activation_checkpointing"] is False
     assert acts["batch"]["action"] == {"shape": [6, 20, 2], "dtype": "float32"}
     assert acts["batch"]["action_is_pad"] == {"shape": [6, 20], "dtype": "bool"}
@@ -50,7 +51,7 @@ def test_activations_are_planned_with_and_without_checkpointing() -> None:
     assert 0 < acts["checkpointed_peak_bytes"] < acts["peak_bytes"]
     assert acts["batch_fit"] is None
     # The flag changes which figure is the run's, not the figures.
-    on = _plan(["--batch_size=6", "--accelerator.activation_checkpointing=true"], 1)["activations"]
+    on = _plan([*sizes, "--accelerator.activation_checkpointing=true"], 1)["activations"]
     assert on["activation_checkpointing"] is True
     assert (on["peak_bytes"], on["checkpointed_peak_bytes"]) == (acts["peak_bytes"], acts["checkpointed_peak_bytes"])
 
