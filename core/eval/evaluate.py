@@ -20,17 +20,18 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from lerobot_kit.core.config.schema import EnvConfig, EvalConfig
 from lerobot_kit.core.data.dataset import DatasetMeta
 from lerobot_kit.core.distributed.process_group import DistContext
 from lerobot_kit.core.eval.actor import check_env_features, policy_actor
-from lerobot_kit.core.eval.env import VectorEnv
+from lerobot_kit.core.eval.env import Observation, VectorEnv
 from lerobot_kit.core.eval.metrics import eval_info
 from lerobot_kit.core.eval.plot import write_rollout_plot
 from lerobot_kit.core.eval.reduce import episode_batches, gather_to_main, rank_share
-from lerobot_kit.core.eval.rollout import Episode, run_batch
+from lerobot_kit.core.eval.rollout import Actor, Episode, run_batch
 from lerobot_kit.core.eval.video import import_av, write_mp4
 from lerobot_kit.core.model.policy import Policy
 from lerobot_kit.core.model.processor import PolicyProcessor
@@ -100,15 +101,16 @@ class Evaluator:
         parts = gather_to_main(self.ctx, (episodes, expert, policy_s, expert_s))
         if not self.ctx.is_main:
             return None
+        everyone = _merge(p[0] for p in parts)
         info = eval_info(
-            _merge(p[0] for p in parts), max(p[2] for p in parts),
+            everyone, max(p[2] for p in parts),
             _merge(p[1] for p in parts) if self.has_expert else None, max(p[3] for p in parts),
             {**setup, "env": self.env_config.model_dump(mode="json"), "seed": self.seed,
              "n_episodes": self.options.n_episodes, "batch_size": self.options.batch_size},
         )
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / EVAL_INFO).write_text(json.dumps(info, indent=2) + "\n")
-        write_rollout_plot(output_dir / PLOT, _merge(p[0] for p in parts))
+        write_rollout_plot(output_dir / PLOT, everyone)
         return info
 
     def _policy_episodes(self, policy: Policy, preprocessor: PolicyProcessor, postprocessor: PolicyProcessor,
@@ -131,7 +133,7 @@ class Evaluator:
         episodes: list[Episode] = []
         for indices in batches:
             env = self._env(len(indices))
-            episodes += run_batch(env, lambda _: env.expert_action(), indices, [self.seed + i for i in indices], set())
+            episodes += run_batch(env, _expert_actor(env), indices, [self.seed + i for i in indices], set())
         return episodes
 
     def _write_video(self, episode: Episode, output_dir: Path) -> Episode:
@@ -141,6 +143,16 @@ class Evaluator:
         name = f"{VIDEOS_DIR}/eval_episode_{episode.index}.mp4"
         write_mp4(output_dir / name, episode.frames, self.fps)
         return dataclasses.replace(episode, frames=[], video=name)
+
+
+def _expert_actor(env: VectorEnv) -> Actor:
+    """The environment's scripted expert as an actor (it reads the environment's state, not the observation)."""
+    def act(_: Observation) -> np.ndarray:
+        action = env.expert_action()
+        assert action is not None  # only asked of environments that override expert_action
+        return action
+
+    return act
 
 
 def _merge(parts: Iterable[list[Episode]]) -> list[Episode]:

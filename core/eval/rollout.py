@@ -28,7 +28,6 @@ class Episode:
     sum_reward: float
     max_reward: float
     success: bool
-    steps: int
     path: list[list[float]] | None = None  # agent positions, reset included
     goal: list[float] | None = None
     frames: list[np.ndarray] = field(default_factory=list)  # uint8 [H, W, 3], only for recorded episodes
@@ -69,7 +68,7 @@ def run_batch(env: VectorEnv, act: Actor, indices: list[int], seeds: list[int], 
     return [
         Episode(
             index=index, seed=seeds[i], sum_reward=float(sum_reward[i]), max_reward=float(max_reward[i]),
-            success=bool(success[i]), steps=int(steps[i]),
+            success=bool(success[i]),
             path=[p[i].tolist() for p in paths[: steps[i] + 1]] if paths else None,
             goal=np.asarray(goal)[i].tolist() if goal is not None else None,
             frames=frames.get(i, []),

@@ -113,8 +113,8 @@ def test_eval_info_follows_lerobots_shape_and_videos_decode(tmp_path: Path) -> N
 
 
 def test_the_plot_colours_paths_by_success(tmp_path: Path) -> None:
-    reached = Episode(0, 0, -1.0, 0.0, True, 3, path=[[-1, -1], [-0.5, -0.5], [0, 0]], goal=[0, 0])
-    missed = Episode(1, 1, -9.0, -1.0, False, 3, path=[[1, -1], [1, 0], [1, 1]], goal=[-1, 1])
+    reached = Episode(0, 0, -1.0, 0.0, True, path=[[-1, -1], [-0.5, -0.5], [0, 0]], goal=[0, 0])
+    missed = Episode(1, 1, -9.0, -1.0, False, path=[[1, -1], [1, 0], [1, 1]], goal=[-1, 1])
     assert write_rollout_plot(tmp_path / "rollouts.png", [reached, missed])
     pixels = np.asarray(Image.open(tmp_path / "rollouts.png").convert("RGB"))
     green = np.all(pixels == SUCCESS_RGB, axis=2)
@@ -123,7 +123,7 @@ def test_the_plot_colours_paths_by_success(tmp_path: Path) -> None:
     # +y up: the missed path runs up the right edge, the reached one in the lower left.
     assert np.nonzero(red)[1].mean() > pixels.shape[1] * 0.6
     assert np.nonzero(green)[0].mean() > pixels.shape[0] * 0.5
-    assert not write_rollout_plot(tmp_path / "none.png", [Episode(0, 0, 0.0, 0.0, False, 1)])
+    assert not write_rollout_plot(tmp_path / "none.png", [Episode(0, 0, 0.0, 0.0, False)])
 
 
 def test_png_encoder_round_trips() -> None:
