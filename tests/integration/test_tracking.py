@@ -46,7 +46,8 @@ def ddp_run(tmp_path_factory) -> tuple[Path, list[dict], subprocess.CompletedPro
     out, trackio_dir = tmp / "run", tmp / "trackio"
     proc = torchrun_train(
         2, "--trackio.enable=true", "--trackio.project=kit-tests", "--job_name=ddp-job", f"--output_dir={out}",
-        "--steps=4", "--log_freq=2", *TINY_ACT, workdir=tmp, env={"TRACKIO_DIR": str(trackio_dir)}, timeout=180,
+        "--steps=4", "--log_freq=2", *TINY_ACT, "--eval_freq=4", "--eval.n_episodes=2", "--eval.max_episodes_rendered=0",
+        "--env.episode_length=10", workdir=tmp, env={"TRACKIO_DIR": str(trackio_dir)}, timeout=180,
     )
     code = READ_BACK + "import json; print(json.dumps(read_back('kit-tests')))"
     runs = json.loads(_python(code, {**os.environ, "TRACKIO_DIR": str(trackio_dir)}).stdout.splitlines()[-1])
@@ -58,12 +59,13 @@ def test_two_process_job_is_one_trackio_run_with_the_logged_metrics(ddp_run):
     assert [run["name"] for run in runs] == ["ddp-job"]
     logs = runs[0]["logs"]
     written = read_metrics(out)
-    assert [row["step"] for row in logs] == [row["step"] for row in written] == [2, 4]
+    assert [row["step"] for row in logs] == [row["step"] for row in written] == [2, 4, 4]  # the last: evaluation
     for tracked, row in zip(logs, written):
         assert {k: v for k, v in tracked.items() if k not in ("step", "timestamp")} == {
             k: v for k, v in row.items() if k != "step"
         }
     assert {"loss", "lr", "grad_norm", "samples_per_s"} <= set(logs[0])
+    assert {"eval/pc_success", "eval/avg_sum_reward", "eval/avg_max_reward", "eval/n_episodes"} <= set(logs[2])
     # The main process announced the run once; the other rank stayed silent.
     assert (proc.stdout + proc.stderr).count("trackio: project kit-tests | run ddp-job") == 1
 
