@@ -224,3 +224,24 @@ def test_eval_during_fsdp_training_is_split_reduced_and_leaves_training_alone(tm
     weights = "checkpoints/000040/pretrained_model/model.safetensors"
     trained, reference = load_file(tmp_path / "with" / weights), load_file(tmp_path / "without" / weights)
     assert all(torch.equal(trained[k], reference[k]) for k in reference)
+
+
+def test_a_run_with_evaluation_resumes_exactly(tmp_path):
+    """Interrupted after the checkpoint and evaluation of step 4 (a copy of the run cut back to
+    there), the resumed run ends with the uninterrupted run's weights and evaluation."""
+    flags = [*TINY_ACT, "--steps=8", "--save_freq=4", "--eval_freq=4", "--eval.n_episodes=2",
+             "--eval.max_episodes_rendered=0", *SHORT]
+    straight = train(tmp_path, "straight", *flags)
+    cut = tmp_path / "cut"
+    shutil.copytree(straight, cut, symlinks=True)
+    shutil.rmtree(cut / "checkpoints" / "000008")
+    shutil.rmtree(cut / "eval" / "000008")
+    (cut / "checkpoints" / "last").unlink()
+    (cut / "checkpoints" / "last").symlink_to("000004")
+    config = cut / "checkpoints" / "000004" / "pretrained_model" / "train_config.json"
+    resumed = run_cli("train", "--resume=true", f"--config_path={config}", env=launch_env(tmp_path), timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    weights = "checkpoints/000008/pretrained_model/model.safetensors"
+    final, again = load_file(straight / weights), load_file(cut / weights)
+    assert all(torch.equal(final[k], again[k]) for k in final)
+    assert eval_info(cut / "eval" / "000008")["per_episode"] == eval_info(straight / "eval" / "000008")["per_episode"]
