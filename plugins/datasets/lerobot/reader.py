@@ -178,7 +178,11 @@ class LeRobotDataset(PolicyDataset):
             else:
                 unique, inverse = np.unique(rows, return_inverse=True)
                 pixels = torch.from_numpy(self.camera_frames(key, position, unique))
-                values = (pixels if uint8_cameras else camera_to_float(pixels))[inverse.reshape(rows.shape)]
+                pixels = pixels if uint8_cameras else camera_to_float(pixels)
+                if len(unique) == rows.size and np.array_equal(unique, rows.ravel()):
+                    values = pixels.reshape(*rows.shape, *pixels.shape[1:])  # consecutive frames: no copy
+                else:
+                    values = pixels[inverse.reshape(rows.shape)]
             pads = torch.from_numpy((wanted < start) | (wanted >= end))
             for j, item in enumerate(items):
                 item[key] = values[j] if offsets is not None else values[j, 0]

@@ -10,8 +10,9 @@ same. A frame further than ``TOLERANCE_FRAMES`` frame periods from its query is 
 error (the video and the data disagree), never a silent nearest-neighbour guess.
 
 Each process (a DataLoader worker) keeps a bounded pool of open decoders. A decoder
-that stopped shortly before the wanted time decodes forward instead of seeking, so
-reading consecutive frames decodes each frame once; the frames it last handed out are
+that stopped shortly before the wanted time (closer than a seek has been costing, in
+frames) decodes forward instead of seeking, so reading consecutive frames decodes each
+frame once; the frames it last handed out are
 kept as RGB, so history windows that overlap (frame ``t`` in item ``t`` and ``t+1``)
 are not decoded or converted twice. LeRobot encodes with a key frame every 2 frames, so a seek costs at most
 one extra frame; long GOPs stay correct, only slower.
@@ -68,7 +69,8 @@ class _Decoder:
     """One open video file: its demuxer, a live decode position, and the frames it last handed out.
 
     Only frames some item asked for are converted to RGB and kept (``converted``, the
-    last ``keep`` of them); every other decoded frame is dropped at once. Holding on to
+    last ``keep`` of them, channel-last as converted); every other decoded frame is
+    dropped at once. Holding on to
     decoded frames would starve the decoder's buffer pool: it would allocate fresh
     buffers for every frame, several times slower than decoding itself.
     """
@@ -86,8 +88,10 @@ class _Decoder:
         self.converted: collections.OrderedDict[float, np.ndarray] = collections.OrderedDict()
         self.keep = keep
         self.seen: collections.deque[float] = collections.deque(maxlen=4)  # last decoded times, for errors
-        self.frames_per_key = 1  # the longest run of frames seen between key frames
-        self._since_key = 0
+        self.decoded = 0  # frames decoded so far
+        # Frames a seek costs before the wanted one (a running mean; LeRobot's GOP 2: about 2):
+        # decoding forward is cheaper than seeking for anything closer than that.
+        self.seek_cost = 2.0
 
     def seek(self, time: float) -> None:
         # As LeRobot: the key frame at or before one time-base tick before ``time``.
@@ -103,8 +107,7 @@ class _Decoder:
         for frame in self.frames:
             if frame.pts is None:
                 continue
-            self._since_key = 0 if frame.key_frame else self._since_key + 1
-            self.frames_per_key = max(self.frames_per_key, self._since_key + 1)
+            self.decoded += 1
             self.position = float(frame.pts * self.time_base)
             self.seen.append(self.position)
             self.last = (self.position, frame)
@@ -156,7 +159,9 @@ class VideoDecoders:
         """uint8 ``[len(times), C, H, W]``: the frame of ``path`` nearest to each time."""
         wanted = np.unique(times)
         try:
-            found = self._decode(path, key, wanted, shape)
+            found: dict[float, np.ndarray] = {}
+            for run in self._runs(path, wanted):
+                found.update(self._decode(path, key, run, shape))
         except LeRobotDatasetError:
             raise
         except FileNotFoundError as exc:
@@ -176,7 +181,17 @@ class VideoDecoders:
                     f"{self._nearest_text(path, float(time))}; the video does not match meta/episodes "
                     "(from_timestamp) and the timestamp column"
                 )
-        return np.stack([found[float(t)] for t in times])
+        out = np.empty((len(times), *shape), dtype=np.uint8)
+        for k, time in enumerate(times):
+            out[k] = found[float(time)].transpose(2, 0, 1)  # the one copy: channel-last to channel-first
+        return out
+
+    def _runs(self, path: Path, wanted: np.ndarray) -> list[np.ndarray]:
+        """``wanted`` (sorted) cut where the next time is further ahead than a seek costs: each
+        run is decoded forward, and the frames between two runs are skipped by a seek."""
+        decoder = self._open.get(path)
+        gap = ((decoder.seek_cost if decoder is not None else 2.0) + 1) / self.fps
+        return np.split(wanted, np.flatnonzero(np.diff(wanted) > gap) + 1)
 
     def _decode(self, path: Path, key: str, wanted: np.ndarray, shape: tuple[int, ...]) -> dict[float, np.ndarray]:
         """The frame nearest to each wanted time (sorted) within tolerance, decoding as little as it can.
@@ -185,10 +200,15 @@ class VideoDecoders:
         keep; then the request is served again from a seek.
         """
         decoder, seeked = self._decoder_for(path, float(wanted[0]))
-        found = self._collect(decoder, key, wanted, shape)
-        if len(found) < len(wanted) and not seeked:
-            decoder.seek(float(wanted[0]))
+        if not seeked:
             found = self._collect(decoder, key, wanted, shape)
+            if len(found) == len(wanted):
+                return found
+            decoder.seek(float(wanted[0]))
+        before = decoder.decoded
+        found = self._collect(decoder, key, wanted, shape)
+        span = (float(wanted[-1]) - float(wanted[0])) * self.fps  # frames the request needs anyway
+        decoder.seek_cost = 0.8 * decoder.seek_cost + 0.2 * max(0.0, decoder.decoded - before - 1 - span)
         return found
 
     def _collect(
@@ -234,7 +254,7 @@ class VideoDecoders:
         self._open.move_to_end(path)
         ahead = (first - decoder.position) * self.fps
         held = any(abs(time - first) <= self.tolerance for time in [*decoder.converted, decoder.position])
-        if held or (decoder.frames is not None and 0 < ahead <= decoder.frames_per_key + 1):
+        if held or (decoder.frames is not None and 0 < ahead <= decoder.seek_cost + 1):
             return decoder, False
         decoder.seek(first)
         return decoder, True
@@ -261,14 +281,13 @@ def _within(sorted_times: np.ndarray, time: float, tolerance: float) -> range:
 
 
 def _to_array(decoder: _Decoder, key: str, frame: Any, shape: tuple[int, ...]) -> np.ndarray:
-    """uint8 ``[C, H, W]`` of a decoded frame, converted as LeRobot's PyAV reader converts it."""
+    """uint8 ``[H, W, C]`` of a decoded frame, converted as LeRobot's PyAV reader converts it."""
     channels, height, width = shape
     pixels = frame.to_ndarray(format=FRAME_FORMATS[channels])
-    # Channel-first and contiguous: what items hold, and a strided view would make every later copy slower.
-    pixels = np.ascontiguousarray(pixels.reshape(pixels.shape[0], pixels.shape[1], -1).transpose(2, 0, 1))
-    if pixels.shape != (channels, height, width):
+    pixels = pixels.reshape(pixels.shape[0], pixels.shape[1], -1)
+    if pixels.shape != (height, width, channels):
         raise LeRobotDatasetError(
-            f"{decoder.path}: frames of {key!r} are {pixels.shape[2]}x{pixels.shape[1]}; "
+            f"{decoder.path}: frames of {key!r} are {pixels.shape[1]}x{pixels.shape[0]}; "
             f"meta/info.json declares {width}x{height}"
         )
     return pixels
