@@ -122,7 +122,7 @@ def _two_ranks(ctx: Context, root: Path) -> Row:
     height, width, channels = _camera_shape(root)
     decoded = _frames(root) * height * width * channels / MB
     ratio = grown / decoded
-    return Row(f"2 ranks on one node, {_frames(root)} frames: node memory growth (sum of PSS) vs one decoded copy",
+    return Row(f"2 ranks on one node, {_frames(root)} frames: node memory growth vs one decoded copy of its frames",
                grown, decoded, "MB", ratio, "< 0.1", judge(ratio, "< 0.1"),
                "private memory + PSS of the dataset's mapped files, both ranks, both open")
 
