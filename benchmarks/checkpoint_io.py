@@ -24,6 +24,7 @@ the rank worker.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -64,6 +65,13 @@ def _rotated(items: list[str], shift: int) -> list[str]:
     return items[shift:] + items[:shift]
 
 
+def _retarget(run: Any, output_dir: Path, **config_changes: Any) -> None:
+    """Point the run's saves at another folder, format or saving mode (the run's spec is
+    frozen, as in training; the benchmark swaps it for a changed copy)."""
+    config = run.config.model_copy(update=config_changes)
+    run.spec = dataclasses.replace(run.spec, output_dir=output_dir, config=config)
+
+
 def _worker(outdir: Path, spec: dict[str, Any]) -> None:
     import torch.distributed as dist
 
@@ -99,8 +107,7 @@ def _worker(outdir: Path, spec: dict[str, Any]) -> None:
     for rep in range(spec["reps"]):
         for fmt in _rotated(formats, rep):
             step += 1
-            config.checkpoint_format = fmt
-            run.output_dir = outdir / fmt
+            _retarget(run, outdir / fmt, checkpoint_format=fmt)
             previous = paths.last_checkpoint(run.output_dir)
             saves[fmt].append(timed(lambda: save_checkpoint(run, step, prepared.position)))
             if ctx.is_main:
@@ -127,20 +134,19 @@ def _worker(outdir: Path, spec: dict[str, Any]) -> None:
     blocked: dict[str, list[float]] = {f: [] for f in formats}
     published: dict[str, list[float]] = {f: [] for f in formats}
     if spec["background"]:
-        config.async_checkpoint = True
+        _retarget(run, run.output_dir, async_checkpoint=True)
         saver = CheckpointSaver(run)
         for rep in range(spec["reps"]):
             for fmt in _rotated(formats, rep):
                 step += 1
-                config.checkpoint_format = fmt
-                run.output_dir = outdir / f"async_{fmt}"
+                _retarget(run, outdir / f"async_{fmt}", checkpoint_format=fmt)
                 previous = paths.last_checkpoint(run.output_dir)
                 blocked[fmt].append(timed(lambda: saver.save(step, prepared.position)))
                 published[fmt].append(blocked[fmt][-1] + timed(saver.wait))
                 if ctx.is_main and previous is not None:
                     shutil.rmtree(previous)
         saver.finish()
-        config.async_checkpoint = False
+        _retarget(run, run.output_dir, async_checkpoint=False)
     restores: dict[str, list[float]] = {f: [] for f in formats}
     if spec["restore"]:
         for rep in range(spec["reps"]):

@@ -24,7 +24,7 @@ from _dist_util import describe, start_ranks, wait_ranks
 from conftest import launch_env, run_cli, script
 
 # 1.87 M parameters: 7.5 MB of weights.
-MODEL = ["--policy.dim_model=128", "--policy.n_encoder_layers=6"]
+MODEL = ["--policy.dim_model=128", "--policy.dim_feedforward=512", "--policy.n_encoder_layers=6"]
 RUN = [*MODEL, "--dataset.num_episodes=2", "--dataset.episode_length=20", "--batch_size=2", "--log_freq=1",
        "--steps=4", "--save_freq=2"]
 

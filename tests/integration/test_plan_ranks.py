@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import resource
 import sys
 import time
@@ -149,8 +150,8 @@ def test_cli_plans_eight_ranks_in_one_process(cli) -> None:
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "layout fsdp | world 8 (dp_replicate 1 × dp_shard 8)" in out
-    assert "ACTEncoderLayer × 6" in out and "ACTDecoderLayer × 1" in out
-    assert "fsdp holds 0.125× of DDP per rank" in out
+    assert "ACTEncoderLayer × 4" in out and "ACTDecoderLayer × 1" in out
+    assert re.search(r"fsdp holds 0\.12[5-9]× of DDP per rank", out), out
     assert "activations per rank at --batch_size=8, one forward and backward" in out
     assert "with activation checkpointing" in out and "counted: the batch on the device" in out
     assert cpu_s < 30, f"lerobot plan took {cpu_s:.1f}s of CPU time"
@@ -164,7 +165,7 @@ def test_cli_json_is_the_plan(cli) -> None:
     assert data == _plan(flags, 8)
     assert (data["layout"], data["world_size"], data["dp_replicate"], data["dp_shard"]) == ("hsdp", 8, 2, 4)
     units = data["units"]
-    assert [u["class"] for u in units] == ["ACTEncoderLayer"] * 6 + ["ACTDecoderLayer"]
+    assert [u["class"] for u in units] == ["ACTEncoderLayer"] * 4 + ["ACTDecoderLayer"]
     assert sum(u["params"] for u in units) + data["root_params"] == data["total_params"]
     per_rank, ddp = data["per_rank"], data["ddp_per_rank"]
     for totals in (per_rank, ddp):

@@ -16,7 +16,7 @@ from _dist_util import run_ranks
 
 PROBE = Path(__file__).resolve().parents[1] / "probes" / "startup_memory.py"
 # 31M parameters: a model much larger than everything else a rank allocates at start-up.
-LARGE_ACT = ["--policy.dim_model=512", "--policy.dim_feedforward=3200", "--policy.chunk_size=10",
+LARGE_ACT = ["--policy.dim_model=512", "--policy.dim_feedforward=3200", "--policy.n_encoder_layers=4", "--policy.chunk_size=10",
              "--policy.n_action_steps=10", "--dataset.num_episodes=2", "--dataset.episode_length=20",
              "--batch_size=2", "--parallelism.dp_shard=3", "--save_checkpoint=false", "--num_workers=0"]
 
