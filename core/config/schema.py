@@ -231,6 +231,14 @@ class TrainConfig(Section):
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     trackio: TrackioConfig = Field(default_factory=TrackioConfig)
+    nonfinite: Literal["stop", "skip"] = Field(
+        "stop", description="A non-finite loss or gradient norm at a step: stop (exit 1 before updating the weights, "
+        "no checkpoint from that state, `last` unchanged) or skip (drop that update; the LR schedule does not "
+        "advance; counted as skipped_steps in the log). fp16's loss scaler keeps its own overflow skips.",
+    )
+    nonfinite_max_consecutive: int = Field(
+        10, ge=1, description="With --nonfinite=skip: stop after this many updates in a row were skipped."
+    )
     eval_freq: int = Field(
         0, ge=0, description="Evaluate the policy in --env every N steps (and at the end), across all ranks; 0: never."
     )
