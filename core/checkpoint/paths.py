@@ -10,6 +10,7 @@ checkpoints/NNNNNN/pretrained_model/{config.json, train_config.json, model.safet
 checkpoints/NNNNNN/training_state/{optimizer_param_groups.json, optimizer_state.safetensors,
                                    optimizer_0/, rng_state.safetensors, scheduler_state.json,
                                    scaler_state.json, training_step.json}
+checkpoints/NNNNNN/checksums.json (sha256 of every other file of the step folder)
 checkpoints/last -> NNNNNN
 ```
 """
@@ -49,6 +50,7 @@ SCALER_STATE = "scaler_state.json"
 TRAINING_STEP = "training_step.json"
 
 DCP_METADATA = ".metadata"
+MANIFEST = "checksums.json"
 
 
 def step_dir_name(step: int) -> str:

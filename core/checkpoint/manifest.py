@@ -1,0 +1,191 @@
+"""A step folder's file digests: what is loaded is byte for byte what was saved.
+
+Every file of a checkpoint is hashed (sha256) when it is saved, and the digests go into
+one manifest, ``checksums.json`` at the top of the step folder, written into the
+temporary folder before it is published: a published step folder always carries the
+digests of the bytes its writer meant. Readers compare the files they are about to read
+with it, so a flipped bit on a disk, a truncated copy or a file changed after the save
+is named in one line instead of loading a silently wrong model or failing deep inside a
+loader.
+
+A digest shows integrity, not origin: whoever can rewrite a file can rewrite the
+manifest too, so loaders stay safe without it (DCP metadata is unpickled restrictedly).
+
+The manifest::
+
+    {"algorithm": "sha256",
+     "files": {"pretrained_model/model.safetensors": {"bytes": 1234, "sha256": "<hex>"}, ...}}
+
+with paths relative to the step folder, in POSIX form. Torch-free: ``inspect-checkpoint``
+imports it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from lerobot_kit.core.checkpoint.paths import MANIFEST
+from lerobot_kit.core.errors import CheckpointError
+
+ALGORITHM = "sha256"
+_CHUNK = 1 << 20
+
+
+class NoManifestError(CheckpointError):
+    """The step folder has no ``checksums.json``: written before manifests existed, or
+    by a tool that does not write one. Nothing can be verified, which is not damage."""
+
+
+@dataclass(frozen=True)
+class FileDigest:
+    bytes: int
+    sha256: str
+
+    def to_json(self) -> dict[str, int | str]:
+        return {"bytes": self.bytes, "sha256": self.sha256}
+
+
+def file_digest(path: Path) -> FileDigest:
+    """The size and sha256 of one file, read in 1 MiB pieces."""
+    digest = hashlib.sha256()
+    size = 0
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as handle:
+        while True:
+            n = handle.readinto(buffer)
+            if not n:
+                break
+            digest.update(view[:n])
+            size += n
+    return FileDigest(size, digest.hexdigest())
+
+
+def saved_files(step_dir: Path) -> list[str]:
+    """Every regular file under ``step_dir`` (the manifest itself aside), relative, POSIX, sorted."""
+    step_dir = Path(step_dir)
+    found = []
+    for dirpath, _, filenames in os.walk(step_dir):
+        for name in filenames:
+            path = Path(dirpath) / name
+            rel = path.relative_to(step_dir).as_posix()
+            if rel != MANIFEST and path.is_file() and not path.is_symlink():
+                found.append(rel)
+    return sorted(found)
+
+
+def hash_files(step_dir: Path, rels: Iterable[str]) -> dict[str, FileDigest]:
+    """Digests of the given files, keyed by their path relative to ``step_dir``."""
+    return {rel: file_digest(Path(step_dir) / rel) for rel in rels}
+
+
+def write_manifest(step_dir: Path, known: Mapping[str, FileDigest] | None = None) -> Path:
+    """Record a digest for every file now in ``step_dir``; returns the manifest's path.
+
+    ``known`` are digests already taken of files in it (by the ranks that wrote them,
+    or by a tool that just wrote a file): they are used as they are, the other files
+    are hashed here. Entries of ``known`` for files no longer there are dropped. The
+    manifest replaces any earlier one atomically.
+    """
+    step_dir = Path(step_dir)
+    known = known or {}
+    files = saved_files(step_dir)
+    digests = {rel: known[rel] if rel in known else file_digest(step_dir / rel) for rel in files}
+    body = {"algorithm": ALGORITHM, "files": {rel: d.to_json() for rel, d in digests.items()}}
+    target = step_dir / MANIFEST
+    tmp = target.with_name(MANIFEST + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(body, handle, indent=1, sort_keys=True)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, target)
+    return target
+
+
+def has_manifest(step_dir: Path) -> bool:
+    return (Path(step_dir) / MANIFEST).is_file()
+
+
+def read_manifest(step_dir: Path) -> dict[str, FileDigest]:
+    """The recorded digests; ``NoManifestError`` when there is no manifest, ``CheckpointError``
+    when it does not parse."""
+    path = Path(step_dir) / MANIFEST
+    try:
+        body = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise NoManifestError(f"{Path(step_dir)}: no {MANIFEST}, so its files cannot be verified") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: not a readable checksum manifest ({exc})") from None
+    files = body.get("files") if isinstance(body, dict) else None
+    if not isinstance(body, dict) or body.get("algorithm") != ALGORITHM or not isinstance(files, dict):
+        raise CheckpointError(f'{path}: not a checksum manifest (expected {{"algorithm": "{ALGORITHM}", "files": ...}})')
+    digests = {}
+    for rel, entry in files.items():
+        if not (
+            isinstance(entry, dict)
+            and type(entry.get("bytes")) is int
+            and isinstance(entry.get("sha256"), str)
+            and _inside(rel)
+        ):
+            raise CheckpointError(f"{path}: entry {rel!r} is not a file inside the step folder with bytes and sha256")
+        digests[rel] = FileDigest(entry["bytes"], entry["sha256"])
+    return digests
+
+
+def verify_manifest(step_dir: Path, only: Iterable[str] | None = None) -> list[str]:
+    """Problems between the files and the manifest, one line naming each file; [] when all match.
+
+    ``only`` limits the check to those files or folders (relative to ``step_dir``, e.g.
+    ``"pretrained_model"``); a file named there that the manifest does not record is a
+    problem too. Files the manifest does not record are otherwise not looked at. Raises
+    ``NoManifestError`` when there is no manifest (``has_manifest`` tells first).
+    """
+    step_dir = Path(step_dir)
+    recorded = read_manifest(step_dir)
+    selected, problems = _select(recorded, only, step_dir)
+    for rel in selected:
+        expected, path = recorded[rel], step_dir / rel
+        try:
+            size = path.stat().st_size if path.is_file() else None
+        except OSError:
+            size = None
+        if size is None:
+            problems.append(f"{path}: missing ({MANIFEST} records a file of {expected.bytes} bytes)")
+        elif size != expected.bytes:
+            problems.append(f"{path}: {size} bytes, but {MANIFEST} records {expected.bytes}")
+        else:
+            try:
+                actual = file_digest(path)
+            except OSError as exc:
+                problems.append(f"{path}: cannot be read ({exc.strerror or exc})")
+                continue
+            if actual.sha256 != expected.sha256:
+                problems.append(f"{path}: sha256 differs from the one {MANIFEST} records (changed since it was saved)")
+    return problems
+
+
+def _select(recorded: Mapping[str, FileDigest], only: Iterable[str] | None, step_dir: Path) -> tuple[list[str], list[str]]:
+    if only is None:
+        return sorted(recorded), []
+    selected: set[str] = set()
+    problems = []
+    for wanted in only:
+        wanted = PurePosixPath(wanted).as_posix().rstrip("/")
+        matches = [rel for rel in recorded if rel == wanted or rel.startswith(wanted + "/")]
+        if not matches and (step_dir / wanted).is_file():
+            problems.append(f"{step_dir / wanted}: not recorded in {MANIFEST} (added after the save?)")
+        selected.update(matches)
+    return sorted(selected), problems
+
+
+def _inside(rel: object) -> bool:
+    if not isinstance(rel, str) or not rel:
+        return False
+    parts = PurePosixPath(rel).parts
+    return not PurePosixPath(rel).is_absolute() and ".." not in parts and "\\" not in rel
