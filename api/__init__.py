@@ -12,9 +12,11 @@ Stable:
 * hooks: ``hookimpl``, the marker of a plugin's ``lerobot_register_*`` functions;
 * configs: ``TrainConfig``, ``PolicyConfig``, ``DatasetConfig``, ``parse_train_config``;
 * running pieces: ``build_dataset``, ``build_policy``, ``load_pretrained``;
-* policy contract: ``Policy`` (see its docstring and the example plugin's README), and
+* policy contract: ``Policy`` (see its docstring and the example plugin's README),
   ``PolicyProcessor``, the processor interface a policy's ``make_processors`` returns
-  (a callable on batches with ``save(directory, name)``);
+  (a callable on batches with ``save(directory, name)``), and ``WeightShapes``, what a
+  policy config implements (``weight_shapes(meta)``, torch-free) to have its checkpoints'
+  weight shapes checked by ``inspect-checkpoint`` and ``convert-dcp``;
 * dataset contract: ``PolicyDataset``, ``InMemoryDataset``, ``DatasetMeta``,
   ``FeatureSpec``, ``compute_stats``, the item keys ``STATE_KEY``, ``ACTION_KEY``,
   ``IMAGE_PREFIX`` and ``pad_key``;
@@ -61,6 +63,7 @@ from lerobot_kit.core.data.dataset import (
 from lerobot_kit.core.distributed.launcher import Launcher, LaunchEnv, env_int
 from lerobot_kit.core.errors import CheckpointError, ConfigError, LerobotError, PluginError
 from lerobot_kit.core.eval.env import VectorEnv
+from lerobot_kit.core.offline.weight_shapes import WeightShapes
 from lerobot_kit.core.registry.hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -122,6 +125,7 @@ __all__ = [
     "PolicyProcessor",
     "TrainConfig",
     "VectorEnv",
+    "WeightShapes",
     "build_dataset",
     "build_policy",
     "compute_stats",

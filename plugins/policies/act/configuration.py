@@ -6,11 +6,14 @@ embedded task on a CPU and documented in the README — raise them for real robo
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
 from lerobot_kit.core.config.schema import PolicyConfig
+
+if TYPE_CHECKING:
+    from lerobot_kit.core.data.dataset import DatasetMeta
 
 
 class ACTConfig(PolicyConfig):
@@ -45,3 +48,9 @@ class ACTConfig(PolicyConfig):
 
     def delta_indices(self) -> dict[str, list[int]]:
         return {"action": list(range(self.chunk_size))}
+
+    def weight_shapes(self, meta: DatasetMeta) -> dict[str, tuple[int, ...]]:
+        """The model's ``state_dict`` shapes (``lerobot_kit.api.WeightShapes``), without torch."""
+        from lerobot_kit.plugins.policies.act.shapes import act_shapes
+
+        return act_shapes(self, meta)

@@ -20,11 +20,14 @@ Frame offsets (``delta_indices``):
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
 from lerobot_kit.core.config.schema import PolicyConfig
+
+if TYPE_CHECKING:
+    from lerobot_kit.core.data.dataset import DatasetMeta
 
 STATE_KEY = "observation.state"  # core.dataset.STATE_KEY, repeated: that module pulls numpy into --help
 ACTION_KEY = "action"
@@ -88,3 +91,9 @@ class DiffusionConfig(PolicyConfig):
             offsets[STATE_KEY] = list(range(1 - self.n_obs_steps, 1))
             offsets[ALL_CAMERAS] = list(range(1 - self.n_obs_steps, 1))
         return offsets
+
+    def weight_shapes(self, meta: DatasetMeta) -> dict[str, tuple[int, ...]]:
+        """The model's ``state_dict`` shapes (``lerobot_kit.api.WeightShapes``), without torch."""
+        from lerobot_kit.plugins.policies.diffusion.shapes import diffusion_shapes
+
+        return diffusion_shapes(self, meta)
