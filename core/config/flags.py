@@ -75,16 +75,48 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_config_file(path: str) -> dict[str, Any]:
+    """The JSON object in ``path``; any way it cannot be one is a one-line ``ConfigError``."""
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"--config_path={path}: no such file; give the path of a train_config.json")
     try:
-        data = json.loads(file.read_text())
+        text = file.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"--config_path={path}: cannot be read ({exc.strerror}); check its permissions") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"--config_path={path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+            "save it as UTF-8 JSON, e.g. a train_config.json a run wrote"
+        ) from exc
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"--config_path={path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+        raise ConfigError(
+            f"--config_path={path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
+            "fix the file or give a train_config.json a run wrote"
+        ) from exc
     if not isinstance(data, dict):
-        raise ConfigError(f"--config_path={path}: expected a JSON object at the top level")
+        raise ConfigError(
+            f"--config_path={path}: expected a JSON object at the top level, got a {type(data).__name__} "
+            "(a config file maps sections to fields: {\"policy\": {...}, \"steps\": 1000})"
+        )
     return data
+
+
+def merge_sources(file: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
+    """Flags deep-merged over the config file, except that a flag changing the ``type``
+    of ``policy``, ``dataset`` or ``env`` drops the file's fields of the old type: they
+    describe a class no longer selected, and the user typed none of them. The file's
+    fields every type has (``DatasetConfig.sampler``, ``PolicyConfig.repo_id``, ...) stay."""
+    merged = deep_merge(file, flags)
+    for key, (_, base) in POLYMORPHIC.items():
+        file_section, flag_section = file.get(key), flags.get(key)
+        if not (isinstance(file_section, dict) and isinstance(flag_section, dict) and "type" in flag_section):
+            continue
+        if flag_section["type"] != file_section.get("type", base.model_fields["type"].default):
+            common = {k: v for k, v in file_section.items() if k in base.model_fields and k != "type"}
+            merged[key] = deep_merge(common, flag_section)
+    return merged
 
 
 def _field_names(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
@@ -131,8 +163,14 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel], prefix
     return lines
 
 
-def resolve_section(raw: dict[str, Any], key: str, problems: list[str]) -> Section | None:
-    """Validate ``raw[key]`` with the config class its ``type`` names in the registry."""
+def resolve_section(raw: dict[str, Any], key: str, problems: list[str], typed_by_file: bool = False) -> Section | None:
+    """Validate ``raw[key]`` with the config class its ``type`` names in the registry.
+
+    A field of another type of the same kind is refused by name ("does not apply to
+    --dataset.type=reach") rather than as unknown, and is never silently dropped; set to
+    null it means unset (configs recorded before a field moved from the shared base to
+    the types that read it, such as ``dataset.repo_id``, hold it as null).
+    """
     from lerobot_kit.core.registry.registry import get_registry
 
     kind, base = POLYMORPHIC[key]
@@ -152,11 +190,33 @@ def resolve_section(raw: dict[str, Any], key: str, problems: list[str]) -> Secti
     except LerobotError as exc:
         problems.append(f"--{key}.type: {exc}")
         return None
+    owners = _other_types_by_field(kind, type_name)
+    origin = " (the type --config_path sets)" if typed_by_file else ""
+    for field in [f for f in value if f not in config_class.model_fields and f in owners]:
+        if value.pop(field) is not None:
+            types = " or ".join(f"--{key}.type={t}" for t in owners[field])
+            problems.append(
+                f"--{key}.{field} does not apply to --{key}.type={type_name}{origin}, so it would be ignored; "
+                f"it is a field of {types}: pass --{key}.type={owners[field][0]} too, or remove --{key}.{field}"
+            )
     try:
         return config_class.model_validate(value)
     except ValidationError as exc:
         problems.extend(format_validation_error(exc, config_class, prefix=f"{key}."))
         return None
+
+
+def _other_types_by_field(kind: str, selected: str) -> dict[str, list[str]]:
+    """``{field: [types that have it]}`` over the registered types of ``kind`` other than ``selected``."""
+    from lerobot_kit.core.registry.registry import get_registry
+
+    registry = get_registry()
+    owners: dict[str, list[str]] = {}
+    for name in registry.names(kind):  # type: ignore[arg-type]
+        if name != selected:
+            for field in getattr(registry, kind)(name).config_class.model_fields:
+                owners.setdefault(field, []).append(name)
+    return owners
 
 
 def _pretrained_policy_config(path: str) -> dict[str, Any]:
@@ -169,12 +229,15 @@ def _pretrained_policy_config(path: str) -> dict[str, Any]:
         raise ConfigError(f"--policy.path={path}: cannot read {config_file}: {exc}") from exc
 
 
-def build_train_config(raw: dict[str, Any]) -> TrainConfig:
-    """Validate a nested dict into a ``TrainConfig``; all problems in one ``ConfigError``."""
+def build_train_config(raw: dict[str, Any], typed_by_file: frozenset[str] = frozenset()) -> TrainConfig:
+    """Validate a nested dict into a ``TrainConfig``; all problems in one ``ConfigError``.
+
+    ``typed_by_file``: the polymorphic sections whose ``type`` came from ``--config_path``
+    (messages then say so)."""
     from lerobot_kit.core.registry.registry import get_registry
 
     problems: list[str] = []
-    sections = {key: resolve_section(raw, key, problems) for key in POLYMORPHIC}
+    sections = {key: resolve_section(raw, key, problems, key in typed_by_file) for key in POLYMORPHIC}
     rest = {k: v for k, v in raw.items() if k not in POLYMORPHIC}
     config = None
     try:
@@ -203,7 +266,12 @@ def parse_train_config(args: list[str]) -> TrainConfig:
     flags = flags_to_dict(args)
     config_path = flags.get(CONFIG_PATH_FLAG)
     raw = read_config_file(config_path) if config_path else {}
-    return build_train_config(deep_merge(raw, flags))
+    typed_by_file = frozenset(
+        key for key in POLYMORPHIC
+        if isinstance(raw.get(key), dict) and "type" in raw[key]
+        and not (isinstance(flags.get(key), dict) and "type" in flags[key])
+    )
+    return build_train_config(merge_sources(raw, flags), typed_by_file)
 
 
 def load_train_config_file(path: str | Path) -> TrainConfig:

@@ -8,7 +8,7 @@ registry, so a plugin's config fields are validated and round-trip like built-in
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator
 
@@ -22,7 +22,14 @@ class Section(BaseModel):
 
 
 class PolicyConfig(Section):
-    """Fields every policy has; a policy plugin subclasses this with its own."""
+    """Fields every policy has; a policy plugin subclasses this with its own.
+
+    ``resume_may_change`` names the fields that may differ from the checkpoint's on
+    resume: where the result is published. Every other field describes the model the
+    checkpoint's weights were trained as, so a resume refuses to change it.
+    """
+
+    resume_may_change: ClassVar[frozenset[str]] = frozenset({"repo_id", "push_to_hub", "private"})
 
     type: str = Field("act", description="Policy type, from the plugin registry (`lerobot plugins`).")
     path: str | None = Field(
@@ -42,11 +49,19 @@ class PolicyConfig(Section):
 
 
 class DatasetConfig(Section):
-    """Fields every dataset has; a dataset plugin subclasses this with its own."""
+    """Fields every dataset has; a dataset plugin subclasses this with its own.
+
+    Only fields that every type reads belong here: a field a type does not read must be
+    missing from its class, so that setting it is refused (``extra="forbid"``) instead of
+    silently training on something else. ``resume_may_change`` names the fields that may
+    differ from the checkpoint's on resume (where the data lives, how frames are
+    augmented); any other change would make the restored data position point into
+    different data.
+    """
+
+    resume_may_change: ClassVar[frozenset[str]] = frozenset({"image_transforms"})
 
     type: str = Field("reach", description="Dataset type; `lerobot` when --dataset.repo_id is given.")
-    repo_id: str | None = Field(None, description="LeRobot-format dataset id (user/name).")
-    root: str | None = Field(None, description="Local folder of the dataset (else the Hugging Face cache).")
     image_transforms: ImageTransformsConfig = Field(default_factory=ImageTransformsConfig)
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
 

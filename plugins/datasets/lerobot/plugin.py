@@ -6,7 +6,7 @@ importing either; the reader lives in ``reader`` beside it and loads on first us
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, ClassVar
 
 from pydantic import Field, field_validator
 
@@ -15,11 +15,16 @@ from lerobot_kit.core.registry.hookspecs import hookimpl
 
 
 class LeRobotDatasetConfig(DatasetConfig):
+    resume_may_change: ClassVar[frozenset[str]] = DatasetConfig.resume_may_change | {
+        "root", "allow_download", "video_backend"
+    }
+
     type: str = "lerobot"
-    # Re-declared (inherited as optional) so that a missing id is reported by flag name.
+    # Optional with a validated default, so that a missing id is reported by flag name.
     repo_id: str | None = Field(
         None, validate_default=True, description="LeRobot-format dataset id (user/name); required for this type."
     )
+    root: str | None = Field(None, description="Local folder of the dataset (else the Hugging Face cache).")
     revision: str | None = Field(
         None, description="Hub revision (branch, tag or commit) to read from the cache or download; default v3.0/main."
     )
