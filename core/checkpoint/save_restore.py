@@ -28,7 +28,7 @@ from lerobot_kit.core.checkpoint.training_state import (
     write_json,
 )
 from lerobot_kit.core.checkpoint.training_step import SamplerPosition, Topology, TrainingStep, read_training_step
-from lerobot_kit.core.checkpoint.weights import CheckpointFormat
+from lerobot_kit.core.checkpoint.weights import SHAPE_FIX, CheckpointFormat
 from lerobot_kit.core.data.sampler import DataPosition
 from lerobot_kit.core.distributed.process_group import barrier
 from lerobot_kit.core.errors import CheckpointError
@@ -172,13 +172,10 @@ def _load_optimizer(run: RunComponents, state_dir: Path) -> None:
     model = run.parallel.model
     shards = state_dir / paths.DCP_OPTIMIZER_DIR
     if shards.is_dir():
-        import torch.distributed.checkpoint as dcp
+        from lerobot_kit.core.checkpoint.safe_dcp import load_dcp
 
         state = get_optimizer_state_dict(model, run.optimizer)
-        try:
-            dcp.load(state, checkpoint_id=str(shards))
-        except Exception as exc:  # noqa: BLE001
-            raise CheckpointError(f"{shards}: cannot load the optimizer shards ({exc})") from exc
+        load_dcp(state, shards, what="optimizer shards", fix=SHAPE_FIX)
         set_optimizer_state_dict(model, run.optimizer, state)
         return
     full = load_full_optimizer(state_dir) if (run.ctx.is_main or not run.ctx.distributed) else {}

@@ -31,7 +31,7 @@ from lerobot_kit.core.checkpoint import paths
 from lerobot_kit.core.checkpoint.shard_writes import save_shards
 from lerobot_kit.core.checkpoint.stored_weights import StoredWeights
 from lerobot_kit.core.checkpoint.training_state import read_safetensors
-from lerobot_kit.core.errors import CheckpointError, first_line
+from lerobot_kit.core.errors import CheckpointError
 
 
 class WeightNaming(ABC):
@@ -154,6 +154,11 @@ def _own_storage(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
 
 # --- reading ------------------------------------------------------------------------------
 
+SHAPE_FIX = (
+    "load it with the policy settings it was saved with (its pretrained_model/config.json records them), "
+    "or start a new run in another --output_dir"
+)
+
 
 def load_state(
     weights: ModelWeights, saved: dict[str, Tensor], *, source: Path, distributed: bool, is_main: bool
@@ -161,40 +166,62 @@ def load_state(
     """Load full tensors under their stored names into the model, on the current topology.
 
     Distributed, only the main process passes them (the others pass ``{}``) and they are
-    broadcast and resharded; collective then.
+    broadcast and resharded; collective then. Names and shapes are checked first (on the
+    main process, which tells the others), so a file of another model shape fails on
+    every rank with one line.
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     naming = weights.naming
-    state = naming.to_model(saved, source) if (is_main or not distributed) else {}
+    problem = None
+    state: dict[str, Any] = {}
+    if is_main or not distributed:
+        try:
+            state = naming.to_model(saved, source)
+            problem = _shape_mismatch(weights.model, state, source)
+        except CheckpointError as exc:
+            problem = str(exc)
+    if distributed:
+        problem = _from_main(problem)
+    if problem is not None:
+        raise CheckpointError(problem)
     if distributed:
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=naming.include_frozen)
         set_model_state_dict(weights.model, state, options=options)
         return
-    try:
-        weights.model.load_state_dict(state, strict=naming.include_frozen)
-    except RuntimeError as exc:  # shapes: the names were checked by to_model
-        mismatches = [line.strip() for line in str(exc).splitlines()[1:] if line.strip()]
-        raise CheckpointError(
-            f"{source} does not fit this {type(weights.model).__name__} (saved with other settings or features?): "
-            + "; ".join(mismatches[:3] or [first_line(exc)])
-        ) from None
+    weights.model.load_state_dict(state, strict=naming.include_frozen)
+
+
+def _shape_mismatch(model: nn.Module, state: dict[str, Any], source: Path) -> str | None:
+    """The first tensor of ``state`` whose shape is not the model's (a sharded model's global shape)."""
+    for name, mine in model.state_dict().items():
+        if name in state and tuple(state[name].shape) != tuple(mine.shape):
+            return (
+                f"{source} does not fit this {type(model).__name__} (saved with other settings): size mismatch for "
+                f"{name}: {list(state[name].shape)} in the checkpoint, {list(mine.shape)} in the model; {SHAPE_FIX}"
+            )
+    return None
+
+
+def _from_main(problem: str | None) -> str | None:
+    """Collective: the main process's verdict, on every rank."""
+    import torch.distributed as dist
+
+    box = [problem]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def load_shards(weights: ModelWeights, shard_dir: Path) -> None:
     """Collective: DCP shards resharded onto the model's current layout, each rank reading its part."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
+    from lerobot_kit.core.checkpoint.safe_dcp import load_dcp
+
     naming = weights.naming
-    if not shard_dir.is_dir():
-        raise CheckpointError(f"{shard_dir}: missing, though the checkpoint records DCP weight shards")
     options = StateDictOptions(ignore_frozen_params=not naming.include_frozen)
     state = naming.to_saved(get_model_state_dict(weights.model, options=options))
-    try:
-        dcp.load(state, checkpoint_id=str(shard_dir))
-    except Exception as exc:  # noqa: BLE001 - DCP raises many types for damaged shards
-        raise CheckpointError(f"{shard_dir}: cannot load the weight shards ({first_line(exc)})") from exc
+    load_dcp(state, shard_dir, what="weight shards", fix=SHAPE_FIX)
     state = naming.to_model(state, shard_dir)
     set_model_state_dict(weights.model, state, options=StateDictOptions(strict=naming.include_frozen))
 
