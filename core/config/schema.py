@@ -213,6 +213,11 @@ class TrainConfig(Section):
         False, description="Resume the run in output_dir from checkpoints/last; auto: resume when it exists, else "
         "start (for schedulers that rerun one command). A torchrun or SLURM restart always resumes.",
     )
+    resume_from: int | None = Field(
+        None, ge=0, exclude=True, description="With --resume=true: resume from this step although the run has later "
+        "checkpoints; those later step folders are removed before the first step (the run continues from here "
+        "instead). Not recorded, so a restart continues from `last`.",
+    )
     keep_last_checkpoints: int = Field(
         0, ge=0, description="Keep only the newest K step folders (older ones are deleted once a newer one is "
         "published; never the one `last` points to); 0 keeps all.",

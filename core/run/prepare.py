@@ -28,8 +28,11 @@ from lerobot_kit.core.parallel.pipeline import parallelize
 from lerobot_kit.core.parallel.precision import build_grad_scaler
 from lerobot_kit.core.run.banner import format_banner
 from lerobot_kit.core.run.components import RunComponents
+from lerobot_kit.core.run.nonfinite import NonFiniteError
 from lerobot_kit.core.run.optim import build_optimizer, build_scheduler
 from lerobot_kit.core.run.publish import publish_final
+from lerobot_kit.core.run.resume_optim import apply_optimizer_config
+from lerobot_kit.core.run.rewind import discard_later_steps
 from lerobot_kit.core.run.preemption import run_stopped
 from lerobot_kit.core.run.spec import Restarts, RunSpec, resolve_run
 from lerobot_kit.core.run.tracking import make_tracker
@@ -53,7 +56,11 @@ def train(config: TrainConfig) -> TrainResult:
     setup_logging(ctx.is_main)
     # No ``finally``: on an error a peer may be dead, and shutdown's barrier would wait for
     # it until the collective timeout; exiting non-zero tears the group down instead.
-    result = _train(config, ctx)
+    try:
+        result = _train(config, ctx)
+    except NonFiniteError:
+        shutdown(ctx)  # every rank stopped at the same step: the group closes cleanly
+        raise
     shutdown(ctx)
     if result.stopped_by is not None:  # exit code 75: the scheduler requeues, the restart continues
         raise run_stopped(result.stopped_by, result.steps_done, config.steps, result.last_checkpoint,
@@ -112,6 +119,8 @@ def prepare_run(config: TrainConfig, ctx: DistContext) -> PreparedRun:
     if spec.resume_from is not None:
         restored = restore_checkpoint(run, spec.resume_from)
         start_step, position = restored.step, restored.position
+        for change in apply_optimizer_config(optimizer, scheduler, config.optimizer):
+            logger.info(f"resume: {change} (the schedule continues from step {start_step} on the new base)")
         _warn_if_not_sample_exact(restored.record, spec)
     else:
         # Dropout differs per rank; weights (seeded above) and data order do not depend on it.
@@ -124,6 +133,13 @@ def _train(config: TrainConfig, ctx: DistContext) -> TrainResult:
     prepared = prepare_run(config, ctx)
     run = prepared.run
     if ctx.is_main:
+        if run.spec.discarded:
+            assert run.spec.resume_from is not None
+            discard_later_steps(run.spec.resume_from, run.spec.discarded)
+            logger.info(
+                f"--resume_from={prepared.start_step}: removed the later step folders "
+                f"{', '.join(d.name for d in run.spec.discarded)}; the run continues from step {prepared.start_step}"
+            )
         run.output_dir.mkdir(parents=True, exist_ok=True)
         for line in format_banner(run, prepared.dataset_len, prepared.start_step):
             logger.info(line)

@@ -21,6 +21,8 @@ from lerobot_kit.core.checkpoint import paths
 from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.errors import CheckpointError, ConfigError
 from lerobot_kit.core.parallel.dims import ParallelDims
+from lerobot_kit.core.run.output_dir import check_writable
+from lerobot_kit.core.run.resume_rules import check_resume_changes
 
 DEFAULT_OUTPUT_ROOT = Path("outputs/train")
 
@@ -33,6 +35,7 @@ class RunSpec:
     resume_from: Path | None  # the step folder a resumed run restores, else None
     peft_base: Path | None  # the absolute pretrained_model/ an adapter trains on, else None
     resume_note: str | None = None  # why the run resumes from where it does (or starts afresh on auto), for the log
+    discarded: tuple[Path, ...] = ()  # later step folders that --resume_from replaces (removed before the first step)
 
     @property
     def resuming(self) -> bool:
@@ -73,7 +76,13 @@ def resolve_run(config: TrainConfig, world_size: int, restarts: Restarts = Resta
     _check_save_schedule(config)
     peft_base = _peft_base(config)
     output_dir, resume_from, note = _output_and_resume(config, restarts)
-    return RunSpec(config, dims, output_dir, resume_from, peft_base, note)
+    check_writable(output_dir)
+    discarded: tuple[Path, ...] = ()
+    if resume_from is not None:
+        check_resume_changes(config, resume_from, output_dir, peft_base)
+        if restarts.count == 0 and config.resume_from is not None:
+            discarded = later_steps(output_dir, _step_number(resume_from))
+    return RunSpec(config, dims, output_dir, resume_from, peft_base, note, discarded)
 
 
 def _check_save_schedule(config: TrainConfig) -> None:
@@ -104,24 +113,16 @@ def _output_and_resume(config: TrainConfig, restarts: Restarts) -> tuple[Path, P
     ``--resume=auto`` (for schedulers that simply rerun a command) — or starts afresh in
     that folder when no checkpoint was published yet.
     """
+    if config.resume_from is not None and config.resume is not True:
+        raise ConfigError(
+            f"--resume_from={config.resume_from} picks the step a --resume=true run continues from; "
+            f"--resume={config.resume} {'continues from last' if config.resume == 'auto' else 'starts a new run'}: "
+            "pass --resume=true, or remove --resume_from"
+        )
     if config.resume == "auto" or restarts.count >= 1:
         return _continue_run(config, restarts)
     if config.resume:
-        step_dir = _step_dir_of(config.config_path)
-        if step_dir is None:
-            if config.output_dir is None:
-                raise ConfigError(
-                    "--resume=true needs a run to resume: pass --config_path=<output_dir>/checkpoints/last/"
-                    "pretrained_model/train_config.json (or --output_dir of the run)"
-                )
-            step_dir = paths.last_checkpoint(Path(config.output_dir))
-            if step_dir is None:
-                raise CheckpointError(
-                    f"--resume=true: {config.output_dir} has no checkpoint to resume ({paths.CHECKPOINTS_DIR}/"
-                    f"{paths.LAST_LINK} is missing); start a new run without --resume"
-                )
-        note = f"--resume=true: continuing from {step_dir} (step {_step_number(step_dir)})"
-        return step_dir.parent.parent, step_dir, note
+        return _resume_requested(config)
     if config.output_dir is None and restarts.allowed >= 1:
         raise ConfigError(
             f"torchrun --max-restarts={restarts.allowed} restarts this run in its output folder, but the default "
@@ -134,7 +135,7 @@ def _output_and_resume(config: TrainConfig, restarts: Restarts) -> tuple[Path, P
         output_dir = DEFAULT_OUTPUT_ROOT / f"{stamp}_{job}"
     else:
         output_dir = Path(config.output_dir)
-    if output_dir.exists() and any(output_dir.iterdir()):
+    if output_dir.is_dir() and any(output_dir.iterdir()):
         raise ConfigError(
             f"--output_dir={output_dir} already exists and is not empty; pass --resume=true to continue "
             "that run (or --resume=auto), or choose another --output_dir (nothing was changed)"
@@ -155,10 +156,91 @@ def _continue_run(config: TrainConfig, restarts: Restarts) -> tuple[Path, Path |
             f"{why} continues the run in its --output_dir, and none was given (the default folder is a new "
             "timestamped one at each start): pass --output_dir"
         )
-    last = paths.last_checkpoint(output_dir)
+    last, missing = _newest_checkpoint(output_dir)
     if last is None:
         return output_dir, None, f"{why}: no checkpoint in {output_dir} yet, starting from step 0"
-    return output_dir, last, f"{why}: continuing from {last} (step {_step_number(last)})"
+    return output_dir, last, f"{why}: continuing from {last} (step {_step_number(last)}){missing}"
+
+
+def _resume_requested(config: TrainConfig) -> tuple[Path, Path, str]:
+    """``--resume=true``: the step ``--config_path`` names, or ``--resume_from``'s, or the newest.
+
+    Resuming an older step than the newest would overwrite the later checkpoints one save
+    at a time and leave the rest beside a ``last`` that no longer points to the newest,
+    so it is refused unless ``--resume_from`` says so (the run then removes them first).
+    """
+    given = _step_dir_of(config.config_path)
+    if given is not None:
+        output_dir = given.parent.parent
+    elif config.output_dir is not None:
+        output_dir = Path(config.output_dir)
+    else:
+        raise ConfigError(
+            "--resume=true needs a run to resume: pass --config_path=<output_dir>/checkpoints/last/"
+            "pretrained_model/train_config.json (or --output_dir of the run)"
+        )
+    steps = resumable_steps(output_dir)
+    missing = ""
+    if config.resume_from is not None:
+        step_dir = steps.get(config.resume_from)
+        if step_dir is None:
+            known = ", ".join(str(s) for s in sorted(steps)) or "none"
+            raise CheckpointError(
+                f"--resume_from={config.resume_from}: {output_dir} has no complete step folder "
+                f"{paths.step_dir_name(config.resume_from)} (resumable steps: {known}); pass one of those"
+            )
+    elif given is not None:
+        step_dir = given
+    else:
+        step_dir, missing = _newest_checkpoint(output_dir)
+        if step_dir is None:
+            raise CheckpointError(
+                f"--resume=true: {output_dir} has no checkpoint to resume (no complete step folder under "
+                f"{paths.CHECKPOINTS_DIR}/); start a new run without --resume"
+            )
+    step = _step_number(step_dir)
+    later = later_steps(output_dir, step)
+    if later and config.resume_from is None:
+        source = "--config_path" if given is not None else f"{paths.CHECKPOINTS_DIR}/{paths.LAST_LINK}"
+        newest = later[-1] / paths.PRETRAINED_DIR / paths.TRAIN_CONFIG
+        raise ConfigError(
+            f"{source} is step {step}, but {output_dir} has later checkpoints "
+            f"({', '.join(d.name for d in later)}) that resuming from it would overwrite: pass --resume_from={step} "
+            f"to continue from step {step} and remove them, or resume the newest with --config_path={newest}"
+        )
+    return output_dir, step_dir, f"--resume=true: continuing from {step_dir} (step {step}){missing}"
+
+
+def _newest_checkpoint(output_dir: Path) -> tuple[Path | None, str]:
+    """``last``'s step folder; without ``last`` (deleted, or lost by a copy that skips links), the
+    newest complete step folder, with a note saying so for the log."""
+    last = paths.last_checkpoint(output_dir)
+    if last is not None:
+        return last, ""
+    steps = resumable_steps(output_dir)
+    if not steps:
+        return None, ""
+    newest = steps[max(steps)]
+    return newest, (f"; {paths.CHECKPOINTS_DIR}/{paths.LAST_LINK} is missing, so the newest complete step folder "
+                    f"{newest.name} is used")
+
+
+def resumable_steps(output_dir: Path) -> dict[int, Path]:
+    """Complete step folders by step: published atomically, so every ``NNNNNN`` folder is whole."""
+    root = paths.checkpoints_root(output_dir)
+    if not root.is_dir():
+        return {}
+    return {
+        int(d.name): d for d in root.iterdir()
+        if paths.is_step_dir_name(d.name) and not d.is_symlink() and (d / paths.PRETRAINED_DIR).is_dir()
+        and (d / paths.TRAINING_STATE_DIR).is_dir()
+    }
+
+
+def later_steps(output_dir: Path, step: int) -> tuple[Path, ...]:
+    """The complete step folders after ``step``, oldest first."""
+    steps = resumable_steps(output_dir)
+    return tuple(steps[s] for s in sorted(steps) if s > step)
 
 
 def _step_number(step_dir: Path) -> int:

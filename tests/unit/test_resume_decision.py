@@ -46,11 +46,14 @@ def test_a_restart_of_a_resumed_run_continues_from_last_not_from_the_checkpoint_
     run = run_with_checkpoints(tmp_path, 10, 20, 30)
     first = run / "checkpoints/000010/pretrained_model/train_config.json"
     first.write_text(json.dumps({"output_dir": str(run), "resume": True}))  # as a checkpoint records it
-    assert resolve("--resume=true", f"--config_path={first}").resume_from == run / "checkpoints/000010"
+    command = ("--resume=true", f"--config_path={first}", "--resume_from=10")
+    spec = resolve(*command)
+    assert spec.resume_from == run / "checkpoints/000010"
+    assert spec.discarded == (run / "checkpoints/000020", run / "checkpoints/000030")
     (run / "checkpoints/last").unlink()
-    (run / "checkpoints/last").symlink_to("000030")
-    restarted = resolve("--resume=true", f"--config_path={first}", restarts=Restarts(count=1))
-    assert restarted.resume_from == run / "checkpoints/000030"
+    (run / "checkpoints/last").symlink_to("000030")  # the resumed run saved step 30 again
+    restarted = resolve(*command, restarts=Restarts(count=1))
+    assert restarted.resume_from == run / "checkpoints/000030" and restarted.discarded == ()
 
 
 def test_resume_auto_resumes_when_a_checkpoint_exists_else_starts(tmp_path):
