@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from lerobot_kit.core.config.schema import DatasetConfig, EnvConfig, PolicyConfig
-from lerobot_kit.core.errors import PluginError, first_line
+from lerobot_kit.core.errors import LerobotError, PluginError, first_line
 
 if TYPE_CHECKING:
     from lerobot_kit.core.checkpoint.weights import CheckpointFormat
@@ -73,6 +73,21 @@ class Entry:
                 ) from exc
         return self.target
 
+    def _call(self, factory: Callable[..., object], *args: object) -> object:
+        """Run a third-party plugin's factory: what it raises (a ``LerobotError`` excepted: the
+        plugin's own message for the user) or a ``sys.exit`` in it is one line naming the plugin."""
+        if self.plugin.builtin:
+            return factory(*args)
+        try:
+            return factory(*args)
+        except LerobotError:
+            raise
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - whatever the factory did, it is the plugin's
+            raise PluginError(
+                f"{self.plugin.describe()}: the factory of {self._label()} failed: {describe_failure(exc)}. Fix or "
+                f"update the plugin, or block it with {DISABLE_ENV}={self.plugin.name}"
+            ) from exc
+
     def _refuse(self, target: object, wanted: str) -> PluginError:
         return PluginError(
             f"{self.plugin.describe()} registered {self._label()} as {target!r}, which is not {wanted}; "
@@ -126,7 +141,7 @@ class DatasetEntry(Entry):
         """Call the factory; what it returns must carry a ``DatasetMeta`` and map-style access."""
         from lerobot_kit.core.data.dataset import DatasetMeta
 
-        dataset = self.load()(config, delta_indices)
+        dataset = self._call(self.load(), config, delta_indices)
         if not (isinstance(getattr(dataset, "meta", None), DatasetMeta)
                 and hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise PluginError(
@@ -184,7 +199,7 @@ class EnvEntry(Entry):
         factory = self._resolve()
         if not callable(factory):
             raise self._refuse(factory, "a callable factory(config, num_envs)")
-        env = factory(config, num_envs)
+        env = self._call(factory, config, num_envs)
         if not (isinstance(env, VectorEnv) and env.num_envs == num_envs):
             raise PluginError(
                 f"{self.plugin.describe()}: the factory of {self._label()} returned {type(env).__name__}, "

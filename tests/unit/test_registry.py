@@ -28,6 +28,13 @@ NOT_CALLABLE = 3
 def returns_a_list(config, delta_indices):
     return []
 
+def raises(config, delta_indices):
+    raise RuntimeError("no licence server")
+
+def exits(config, delta_indices):
+    import sys
+    sys.exit(0)
+
 @hookimpl
 def lerobot_register_policies(register):
     register("not_a_policy", OddConfig, "collections:OrderedDict")
@@ -38,6 +45,8 @@ def lerobot_register_policies(register):
 def lerobot_register_datasets(register):
     register("not_callable", OddDataConfig, "oddplug:NOT_CALLABLE")
     register("not_a_dataset", OddDataConfig, returns_a_list)
+    register("raises", OddDataConfig, raises)
+    register("exits", OddDataConfig, exits)
 
 @hookimpl
 def lerobot_register_checkpoint_formats(register):
@@ -96,6 +105,13 @@ BROKEN: dict[str, tuple[Callable[[Registry], Any], str]] = {
     "dataset factory returns no dataset": (
         lambda r: r.dataset("not_a_dataset").build(r.dataset("not_a_dataset").config_class(), {}),
         "the factory of dataset 'not_a_dataset' returned list, which is not a dataset"),
+    "dataset factory raises": (
+        lambda r: r.dataset("raises").build(r.dataset("raises").config_class(), {}),
+        "the factory of dataset 'raises' failed: RuntimeError: no licence server. Fix or update the plugin, or "
+        "block it with LEROBOT_DISABLE_PLUGINS=oddplug"),
+    "dataset factory exits": (  # uncaught, `lerobot train` would end silently with success
+        lambda r: r.dataset("exits").build(r.dataset("exits").config_class(), {}),
+        "the factory of dataset 'exits' failed: called sys.exit(0)."),
     "format not a CheckpointFormat": (
         lambda r: r.checkpoint_format("not_a_format"), "which is not a subclass of lerobot_kit.api.CheckpointFormat"),
     "format abstract": (
