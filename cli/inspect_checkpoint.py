@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from lerobot_kit.core.offline.inspect import CheckpointReport, FileInfo, inspect_checkpoint
+from lerobot_kit.core.offline.inspect import DEFAULT_VERIFY_MAX_BYTES, CheckpointReport, FileInfo, inspect_checkpoint
 from lerobot_kit.core.errors import CheckpointError
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
@@ -21,23 +21,34 @@ EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
     epilog=(
         "\b\nExit codes:\n"
         f"  {EXIT_OK}  the checkpoint is valid\n"
-        f"  {EXIT_PROBLEMS}  problems found: a file is missing, truncated, unreadable or inconsistent,\n"
+        f"  {EXIT_PROBLEMS}  problems found: a file is missing, truncated, unreadable, inconsistent,\n"
+        "     differs from checksums.json, or holds weights of other shapes than config.json's model,\n"
         "     or the layout is old or unknown (each problem is one line naming the file)\n"
         f"  {EXIT_USAGE}  usage error: PATH does not exist or is not a checkpoint"
     ),
 )
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with \"ok\" and \"problems\") for CI.")
+@click.option(
+    "--verify/--no-verify", default=None,
+    help="Compare every file with the checkpoint's checksums.json (reads all the tensor data), or never. "
+    "Default: verify when the checkpoint is at most --verify-max-bytes.",
+)
+@click.option(
+    "--verify-max-bytes", type=click.IntRange(min=0), default=DEFAULT_VERIFY_MAX_BYTES, show_default=True,
+    help="The largest checkpoint whose checksums are verified without --verify.",
+)
 @click.pass_context
-def command(ctx: click.Context, path: Path, as_json: bool) -> None:
+def command(ctx: click.Context, path: Path, as_json: bool, verify: bool | None, verify_max_bytes: int) -> None:
     """Show what a checkpoint holds and validate it, reading headers and metadata only.
 
     PATH is a step folder (checkpoints/005000), its pretrained_model/ or training_state/,
     or a run folder (then checkpoints/last). Nothing from the checkpoint is executed and
-    torch is not imported.
+    torch is not imported. Weight shapes are checked against config.json without building
+    the model; file contents against checksums.json (see --verify).
     """
     try:
-        report = inspect_checkpoint(path)
+        report = inspect_checkpoint(path, verify=verify, verify_max_bytes=verify_max_bytes)
     except CheckpointError as err:
         if as_json:
             click.echo(json.dumps({"path": str(path), "ok": False, "problems": [str(err)]}))
@@ -93,6 +104,7 @@ def render(report: CheckpointReport) -> str:
         previous_had_tensors = info.tensors is not None
     lines.append("")
     lines.append(f"size on disk: {_size(report.size_on_disk)}")
+    lines.append(f"checksums: {report.checksums.state} ({report.checksums.why})")
     lines.append(f"resumable: {_verdict(report.resumable.ok, report.resumable.why)}")
     lines.append(f"loadable with --policy.path: {_verdict(report.loadable.ok, report.loadable.why)}")
     n = len(report.problems)
@@ -119,8 +131,8 @@ def _render_file(info: FileInfo) -> list[str]:
     return lines
 
 
-def _verdict(ok: bool, why: str) -> str:
-    return f"yes ({why})" if ok else f"no ({why})"
+def _verdict(ok: bool | None, why: str) -> str:
+    return f"{'unchecked' if ok is None else 'yes' if ok else 'no'} ({why})"
 
 
 def _or_unknown(value: object) -> str:

@@ -16,12 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lerobot_kit.core.checkpoint import manifest
 from lerobot_kit.core.checkpoint import paths as L
 from lerobot_kit.core.checkpoint import training_step
 from lerobot_kit.core.checkpoint.training_step import OPTIMIZER_KINDS, WEIGHTS_KINDS, json_type
 from lerobot_kit.core.offline.dcp_metadata import check_dcp_shards, read_dcp_metadata, tensor_entries
 from lerobot_kit.core.offline.safetensors_header import read_safetensors_header, tensor_nbytes, tensors
+from lerobot_kit.core.offline.weight_shapes import expected_shapes, shape_mismatch
 from lerobot_kit.core.errors import CheckpointError
+
+DEFAULT_VERIFY_MAX_BYTES = 2_000_000_000
+"""Checksums are verified by default up to this many bytes on disk (about 10 s of reading)."""
 
 
 @dataclass
@@ -62,11 +67,22 @@ class FileInfo:
 
 @dataclass
 class Verdict:
-    ok: bool
+    ok: bool | None  # None: could not be checked
     why: str
 
     def to_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "why": self.why}
+
+
+@dataclass
+class Checksums:
+    """What became of ``checksums.json``: verified | failed | skipped (too large) | off (--no-verify) | absent."""
+
+    state: str
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"state": self.state, "why": self.why}
 
 
 @dataclass
@@ -85,6 +101,7 @@ class CheckpointReport:
     problems: list[str]  # one line each, starting with the file it is about
     resumable: Verdict
     loadable: Verdict
+    checksums: Checksums
 
     @property
     def ok(self) -> bool:
@@ -111,16 +128,21 @@ class CheckpointReport:
             "size_on_disk": self.size_on_disk,
             "resumable": self.resumable.to_json(),
             "loadable": self.loadable.to_json(),
+            "checksums": self.checksums.to_json(),
         }
 
 
-def inspect_checkpoint(path: Path) -> CheckpointReport:
+def inspect_checkpoint(
+    path: Path, *, verify: bool | None = None, verify_max_bytes: int = DEFAULT_VERIFY_MAX_BYTES
+) -> CheckpointReport:
     """Inspect and validate a step folder, its ``pretrained_model/`` or ``training_state/``, or a run folder.
 
-    Raises ``CheckpointError`` only when ``path`` is not a checkpoint at all; everything
-    wrong inside one is a line of ``report.problems``.
+    ``verify``: compare every file with ``checksums.json`` (True), never (False), or when
+    the step folder holds at most ``verify_max_bytes`` (None): that is the one check
+    that reads the tensor data. Raises ``CheckpointError`` only when ``path`` is not a
+    checkpoint at all; everything wrong inside one is a line of ``report.problems``.
     """
-    return _Inspector(L.find_step_dir(Path(path))).run()
+    return _Inspector(L.find_step_dir(Path(path)), verify, verify_max_bytes).run()
 
 
 @dataclass
@@ -139,6 +161,8 @@ class _Problem:
 @dataclass
 class _Inspector:
     root: Path
+    verify: bool | None
+    verify_max_bytes: int
     files: list[FileInfo] = field(default_factory=list)
     problems: list[_Problem] = field(default_factory=list)
     layout_problems: list[tuple[str, str]] = field(default_factory=list)  # (file, what it is), worded at the end
@@ -146,15 +170,22 @@ class _Inspector:
     headers: dict[str, dict[str, Any]] = field(default_factory=dict)  # rel path -> valid safetensors header
     dcp_tensors: dict[str, list[TensorInfo]] = field(default_factory=dict)  # rel dir -> tensors, when whole
     current_layout: bool = False  # training_step.json says layout LAYOUT_VERSION
+    shapes_unknown: str = ""  # why config.json's weight shapes could not be known, when they could not
+    checksums: Checksums = field(default_factory=lambda: Checksums("absent", ""))
+    matching: set[str] = field(default_factory=set)  # files checksums.json records that were read and match
 
     def run(self) -> CheckpointReport:
         for sub in (L.PRETRAINED_DIR, L.TRAINING_STATE_DIR):
             self._scan(sub)
+        size_on_disk = _tree_size(self.root)
+        self.checksums = self._check_checksums(size_on_disk)
         ts = self._check_training_step()
         self._check_policy_files()
+        peft = self._is_peft(ts)
+        if not peft:
+            self._check_weight_shapes()
         self._require(L.PRETRAINED_DIR, L.POLICY_CONFIG)
         self._require(L.TRAINING_STATE_DIR, L.TRAINING_STEP)
-        peft = self._is_peft(ts)
         if ts is not None and self.current_layout:
             self._check_required(ts, peft)
             if not self.layout_problems:
@@ -170,10 +201,11 @@ class _Inspector:
             optimizer=self._optimizer_kind(ts),
             peft=peft,
             files=self.files,
-            size_on_disk=_tree_size(self.root),
+            size_on_disk=size_on_disk,
             problems=[p.message for p in self.problems],
             resumable=self._resumable(),
             loadable=loadable,
+            checksums=self.checksums,
         )
 
     # --- reading every file present -------------------------------------------------
@@ -245,6 +277,64 @@ class _Inspector:
         self.problems.extend(_Problem(rel, line) for line in shard_problems)
         if not shard_problems:
             self.dcp_tensors[rel] = info.tensors
+
+    # --- contents: checksums and weight shapes -----------------------------------------
+
+    def _check_checksums(self, size_on_disk: int) -> Checksums:
+        """Every file against ``checksums.json``; a file that differs is a problem naming it."""
+        if not manifest.has_manifest(self.root):
+            return Checksums("absent", f"no {L.MANIFEST} (written before checkpoints carried one): contents not verified")
+        try:
+            recorded = manifest.read_manifest(self.root)
+        except CheckpointError as err:
+            self._problem(L.MANIFEST, str(err).removeprefix(f"{self.root / L.MANIFEST}: "))
+            return Checksums("failed", f"{L.MANIFEST} is unreadable")
+        if self.verify is False:
+            return Checksums("off", "not verified (--no-verify)")
+        if self.verify is None and size_on_disk > self.verify_max_bytes:
+            return Checksums(
+                "skipped",
+                f"not verified: {_gb(size_on_disk)} on disk is above --verify-max-bytes={self.verify_max_bytes}; "
+                "pass --verify to check them",
+            )
+        lines = manifest.verify_manifest(self.root)
+        differing = set()
+        for line in lines:
+            rel = line.removeprefix(f"{self.root}/")
+            differing.add(rel.split(":", 1)[0])
+            self.problems.append(_Problem(rel.split(":", 1)[0], rel))
+        self.matching = set(recorded) - differing
+        if lines:
+            return Checksums("failed", f"{len(lines)} of {len(recorded)} files differ from {L.MANIFEST}")
+        return Checksums("verified", f"{len(recorded)} files match {L.MANIFEST}")
+
+    def _check_weight_shapes(self) -> None:
+        """The stored weights against the shapes ``config.json`` builds (its policy's ``weight_shapes``)."""
+        config = self.parsed_json.get(f"{L.PRETRAINED_DIR}/{L.POLICY_CONFIG}")
+        if not (isinstance(config, dict) and isinstance(config.get("type"), str)):
+            self.shapes_unknown = f"{L.POLICY_CONFIG} names no policy type"
+            return
+        meta_rel = f"{L.PRETRAINED_DIR}/{L.DATASET_META}"
+        if self._exists(L.PRETRAINED_DIR, L.DATASET_META) and meta_rel not in self.parsed_json:
+            self.shapes_unknown = f"{L.DATASET_META} is unreadable"
+            return
+        expected = expected_shapes(config, self.parsed_json.get(meta_rel))
+        for name, message in expected.problems:
+            self._problem(f"{L.PRETRAINED_DIR}/{name}", message)
+        if expected.shapes is None:
+            self.shapes_unknown = expected.why_unknown or f"{L.POLICY_CONFIG} does not describe a model"
+            return
+        stored: list[tuple[str, list[TensorInfo]]] = []
+        gathered = f"{L.PRETRAINED_DIR}/{L.MODEL_WEIGHTS}"
+        if gathered in self.headers:
+            stored.append((gathered, _infos(self.headers[gathered])))
+        shards = f"{L.PRETRAINED_DIR}/{L.DCP_MODEL_DIR}"
+        if shards in self.dcp_tensors:
+            stored.append((shards, self.dcp_tensors[shards]))
+        for rel, infos in stored:
+            mismatch = shape_mismatch(expected.shapes, {t.name: tuple(t.shape) for t in infos})
+            if mismatch:
+                self._problem(rel, mismatch)
 
     # --- schemas ----------------------------------------------------------------------
 
@@ -456,7 +546,23 @@ class _Inspector:
                 return Verdict(False, f"{P}/{L.ADAPTER_CONFIG} is missing")
             return Verdict(True, f"PEFT adapter {P}/{L.ADAPTER_WEIGHTS} on its base policy")
         if self._exists(P, L.MODEL_WEIGHTS):
-            return Verdict(True, f"{P}/{L.MODEL_WEIGHTS}")
+            weights = f"{P}/{L.MODEL_WEIGHTS}"
+            if not self.shapes_unknown:
+                return Verdict(True, f"{weights}, its shapes as {L.POLICY_CONFIG} builds the model")
+            together = {f"{P}/{L.POLICY_CONFIG}", weights}
+            if self._exists(P, L.DATASET_META):
+                together.add(f"{P}/{L.DATASET_META}")
+            if self.matching.issuperset(together):
+                return Verdict(
+                    True,
+                    f"{weights}, saved together with {L.POLICY_CONFIG}: both match {L.MANIFEST} "
+                    f"({self.shapes_unknown})",
+                )
+            return Verdict(
+                None,
+                f"{weights} is whole, but its shapes are unchecked: {self.shapes_unknown}, and no verified "
+                f"{L.MANIFEST} ties it to {L.POLICY_CONFIG}",
+            )
         if f"{P}/{L.DCP_MODEL_DIR}" in self.dcp_tensors:
             return Verdict(
                 False,
@@ -467,6 +573,8 @@ class _Inspector:
     def _word_layout_problems(self, loadable: Verdict) -> None:
         if loadable.ok:
             works = f"loading the weights still works: --policy.path={self.root / L.PRETRAINED_DIR}"
+        elif loadable.ok is None:
+            works = f"loading the weights may work: --policy.path={self.root / L.PRETRAINED_DIR} ({loadable.why})"
         else:
             works = f"its weights do not load either ({loadable.why})"
         self.problems[0:0] = [
@@ -539,6 +647,10 @@ def _safetensors_refs(value: Any) -> list[str]:
 
 def _natural(key: str) -> tuple[int, str]:
     return (int(key), "") if key.isdigit() else (1 << 62, key)
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.1f} GB"
 
 
 def _file_size(path: Path) -> int:

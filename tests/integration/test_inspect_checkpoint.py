@@ -23,6 +23,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
 from lerobot_kit.core.checkpoint import paths as L
+from lerobot_kit.core.checkpoint.manifest import write_manifest
 from lerobot_kit.core.offline.dcp_metadata import TORCH_DTYPE_ITEMSIZE, UnsafeMetadataError, read_dcp_metadata
 from lerobot_kit.core.offline.inspect import inspect_checkpoint
 from lerobot_kit.core.errors import CheckpointError
@@ -68,9 +69,11 @@ def _write_json(path: Path, value: Any) -> None:
 
 def write_checkpoint(
     run_dir: Path, *, weights: str = "gathered", optimizer: str = "safetensors", dp_shard: int = 1,
-    peft: bool = False, mixed_precision: str = "no", optimizer_keys: str = "fqn",
+    peft: bool = False, mixed_precision: str = "no", optimizer_keys: str = "fqn", checksums: bool = True,
 ) -> Path:
-    """A layout-1 step folder under ``run_dir/checkpoints`` with ``last`` pointing at it."""
+    """A layout-1 step folder under ``run_dir/checkpoints`` with ``last`` pointing at it, and
+    its ``checksums.json``. The policy type is one no plugin declares shapes for, so the
+    weights are loadable by the manifest tying them to ``config.json``."""
     step_dir = run_dir / L.CHECKPOINTS_DIR / L.step_dir_name(STEP)
     pre, state = step_dir / L.PRETRAINED_DIR, step_dir / L.TRAINING_STATE_DIR
     pre.mkdir(parents=True)
@@ -81,7 +84,7 @@ def write_checkpoint(
     opt = _trained(model)
     weights_sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
-    _write_json(pre / L.POLICY_CONFIG, {"type": "act", "dim_model": 8, "chunk_size": 4})
+    _write_json(pre / L.POLICY_CONFIG, {"type": "toy", "hidden": 3})
     _write_json(pre / L.TRAIN_CONFIG, {"policy": {"type": "act"}, "dataset": {"type": "reach"}, "steps": 1000})
     _write_json(pre / "dataset_meta.json", {"fps": 10, "features": {"action": {"shape": [2]}}})
     if "gathered" in weights:
@@ -131,6 +134,8 @@ def write_checkpoint(
             "sampler": {"epoch": 3, "offset": 16, "samples_seen": 4016},
         },
     )
+    if checksums:
+        write_manifest(step_dir)
     os.symlink(step_dir.name, run_dir / L.CHECKPOINTS_DIR / L.LAST_LINK)
     return step_dir
 
@@ -254,6 +259,7 @@ def test_real_fsdp_shards_from_two_processes(tmp_path: Path) -> None:
     step_dir = write_checkpoint(tmp_path, weights="dcp", optimizer="dcp", dp_shard=2)
     shutil.rmtree(step_dir / L.PRETRAINED_DIR / L.DCP_MODEL_DIR)
     shutil.rmtree(step_dir / L.TRAINING_STATE_DIR / L.DCP_OPTIMIZER_DIR)
+    (step_dir / L.MANIFEST).unlink()  # its digests are of the shards replaced here
     (tmp_path / "fsdp_save.py").write_text(script)
     proc = subprocess.run(  # the timeout is the watchdog: a hung collective fails the test
         [sys.executable, str(tmp_path / "fsdp_save.py"), str(step_dir)], capture_output=True, text=True, timeout=120
@@ -272,7 +278,7 @@ def test_real_fsdp_shards_from_two_processes(tmp_path: Path) -> None:
 
 
 def test_truncated_safetensors_names_the_file(tmp_path: Path) -> None:
-    step_dir = write_checkpoint(tmp_path)
+    step_dir = write_checkpoint(tmp_path, checksums=False)
     weights = step_dir / L.PRETRAINED_DIR / L.MODEL_WEIGHTS
     data = weights.read_bytes()
     weights.write_bytes(data[:-10])
