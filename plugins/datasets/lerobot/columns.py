@@ -13,7 +13,8 @@ Rows are stored grouped by episode in episode-index order, each episode in
 ``frame_index`` order, so an episode is a contiguous row range. A cache entry is named
 after its data file's size and modification time: a changed file gets a new entry.
 Builders take a file lock, so concurrent ranks and workers build it once; an entry
-appears by an atomic rename, so a reader never sees half of one.
+appears by an atomic rename, so a reader never sees half of one. An entry is built only
+after its file's float columns were found finite when the dataset was opened (``finite``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 CACHE_DIR = ".lerobot_kit_cache"
-FORMAT = 1  # bump when the layout of an entry changes
+FORMAT = 2  # bump when the layout of an entry, or what building one guarantees, changes (2: checked finite)
 MANIFEST = "manifest.json"
 IMAGE_BATCH_ROWS = 256  # rows of encoded images read at a time while building: bounds build memory
 
@@ -83,14 +84,27 @@ def open_file_columns(info: LeRobotInfo, data_file: tuple[int, int], rows_in_fil
     return _open(entry)
 
 
+def is_cached(info: LeRobotInfo, data_file: tuple[int, int]) -> bool:
+    """Whether ``data_file`` has a cache entry, beside the dataset or in the user's cache; creates nothing."""
+    source = info.data_file(*data_file)
+    if not source.is_file():
+        return False
+    name = _entry_name(info.root, source)
+    roots = (info.root / CACHE_DIR, _user_cache_root(info.root))
+    return any((root / f"v{FORMAT}" / name / MANIFEST).is_file() for root in roots)
+
+
 def _entry_dir(dataset_root: Path, source: Path) -> Path:
+    return _cache_root(dataset_root) / f"v{FORMAT}" / _entry_name(dataset_root, source)
+
+
+def _entry_name(dataset_root: Path, source: Path) -> str:
     try:
         stat = source.stat()
     except FileNotFoundError as exc:
         raise LeRobotDatasetError(f"{source}: missing; the dataset is incomplete (re-copy or re-download it)") from exc
     relative = source.relative_to(dataset_root).with_suffix("")
-    name = f"{'-'.join(relative.parts)}-{stat.st_size}-{stat.st_mtime_ns}"
-    return _cache_root(dataset_root) / f"v{FORMAT}" / name
+    return f"{'-'.join(relative.parts)}-{stat.st_size}-{stat.st_mtime_ns}"
 
 
 def _cache_root(dataset_root: Path) -> Path:
@@ -100,6 +114,10 @@ def _cache_root(dataset_root: Path) -> Path:
         beside.mkdir(exist_ok=True)
         if os.access(beside, os.W_OK):
             return beside
+    return _user_cache_root(dataset_root)
+
+
+def _user_cache_root(dataset_root: Path) -> Path:
     user_cache = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser()
     digest = hashlib.sha1(str(dataset_root.resolve()).encode()).hexdigest()[:16]
     return user_cache / "lerobot_kit" / "datasets" / digest
@@ -149,7 +167,7 @@ def _build(info: LeRobotInfo, source: Path, rows: list[EpisodeRow], entry: Path)
     needed = {"timestamp"} if info.keys("video") else set()  # video frames are found by timestamp
     extras = [c for c in ("frame_index", "timestamp", "task_index") if c in present or c in needed]
     table = read_parquet(source, ["episode_index", *extras, *(f.key for f in numeric)], what)
-    order = _row_order(source, table, rows)
+    order = row_order(source, table, rows)
     source_rows = table.num_rows
     tmp = entry.with_name(f"{entry.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -158,7 +176,7 @@ def _build(info: LeRobotInfo, source: Path, rows: list[EpisodeRow], entry: Path)
     numeric_files = {}
     for n, feature in enumerate(numeric):
         numeric_files[feature.key] = f"numeric{n}.npy"
-        np.save(tmp / f"numeric{n}.npy", _numeric(source, feature, table.column(feature.key))[order])
+        np.save(tmp / f"numeric{n}.npy", numeric_values(source, feature, table.column(feature.key))[order])
     manifest["numeric"] = numeric_files
     for name in ("timestamp", "task_index"):
         manifest[name] = None
@@ -178,7 +196,7 @@ def _build(info: LeRobotInfo, source: Path, rows: list[EpisodeRow], entry: Path)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _row_order(source: Path, table: pa.Table, rows: list[EpisodeRow]) -> np.ndarray:
+def row_order(source: Path, table: pa.Table, rows: list[EpisodeRow]) -> np.ndarray:
     """Source row numbers in cache order: episodes in index order, each by ``frame_index``."""
     episode_column = table.column("episode_index").to_numpy()
     frame_index = table.column("frame_index").to_numpy() if "frame_index" in table.column_names else None
@@ -196,7 +214,7 @@ def _row_order(source: Path, table: pa.Table, rows: list[EpisodeRow]) -> np.ndar
     return np.concatenate(order) if order else np.empty(0, dtype=np.int64)
 
 
-def _numeric(path: Path, feature: SourceFeature, column: pa.ChunkedArray) -> np.ndarray:
+def numeric_values(path: Path, feature: SourceFeature, column: pa.ChunkedArray) -> np.ndarray:
     """``[N, *shape]`` in the item dtype, from a scalar, list, or nested fixed-size-list column."""
     import pyarrow as pa
 

@@ -3,8 +3,9 @@
 Construction reads metadata only — ``meta/info.json``, the episode table, task texts,
 ``meta/stats.json`` and the parquet footers of the data files (to catch a truncated
 file at start-up rather than mid-run) — so ``len``, features and stats are known
-without loading a frame. Items are assembled on demand, in whichever process asks
-(DataLoader workers, in training):
+without loading a frame; only the float columns of a data file not yet cached are read,
+to find NaN/inf before training (``finite``). Items are assembled on demand, in whichever
+process asks (DataLoader workers, in training):
 
 - numeric features, ``timestamp`` and encoded images come from the memory-mapped
   column cache of each data file (``columns``), built on first use;
@@ -35,6 +36,7 @@ from lerobot_kit.core.data.windows import EpisodeWindows, expand_delta_indices
 from lerobot_kit.plugins.datasets.lerobot import images, video
 from lerobot_kit.plugins.datasets.lerobot.columns import FileColumns, episode_rows, open_file_columns
 from lerobot_kit.plugins.datasets.lerobot.files import LeRobotDatasetError, require_pil, require_pyarrow
+from lerobot_kit.plugins.datasets.lerobot.finite import check_finite
 from lerobot_kit.plugins.datasets.lerobot.locate import locate_dataset
 from lerobot_kit.plugins.datasets.lerobot.meta import (
     INFO_FILE,
@@ -228,6 +230,8 @@ def make_lerobot_dataset(config: LeRobotDatasetConfig, delta_indices: dict[str, 
     all_episodes = read_episodes(info)
     episodes = select_episodes(all_episodes, config.episodes)
     _check_data_files(info, all_episodes, episodes)
+    for data_file in sorted({row.data_file for row in episodes}):
+        check_finite(info, data_file, [row for row in all_episodes.values() if row.data_file == data_file])
     if info.keys("image"):
         require_pil()
     dataset = LeRobotDataset(
