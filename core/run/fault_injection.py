@@ -1,11 +1,11 @@
-"""Test-only: make one rank die or hang at a chosen point of a chosen step.
+"""Test-only: make one rank die, hang or compute NaN at a chosen point of a chosen step.
 
 The crash-safety claims (a rank killed anywhere, the run restarts and ends bit-identical
-to an uninterrupted one; a hung rank is reported and ended) are checked by killing real
-processes at real points of the loop. Nothing here runs unless ``LEROBOT_KIT_FAULT`` is
-set, which no user should do:
+to an uninterrupted one; a hung rank is reported and ended; a NaN stops or skips the step
+on every rank) are checked by failing real processes at real points of the loop. Nothing
+here runs unless ``LEROBOT_KIT_FAULT`` is set, which no user should do:
 
-    LEROBOT_KIT_FAULT="point=backward,step=25,rank=1[,action=kill|hang][,attempt=0]"
+    LEROBOT_KIT_FAULT="point=backward,step=25,rank=1[,action=kill|hang|nan][,attempt=0][,count=1]"
 
 - ``point``: ``forward`` (start of the model's forward), ``backward`` (when autograd
   reaches the middle wrap unit, or the loss), ``optimizer`` (before ``optimizer.step``),
@@ -15,9 +15,16 @@ set, which no user should do:
   sharded run).
 - ``step``: the step number, counted as checkpoints are (the first step is 1).
 - ``rank``: the global rank that fails (default 0).
-- ``action``: ``kill`` (SIGKILL, default) or ``hang`` (blocks forever; not for saves).
+- ``action``: ``kill`` (SIGKILL, default), ``hang`` (blocks forever; not for saves) or
+  ``nan`` (``forward``: one NaN in the batch's action, so the loss is NaN, as from bad
+  data; ``backward``: NaN gradients through the middle of the model while the loss stays
+  finite, as from an overflow).
 - ``attempt``: the launcher's restart count on which the fault fires (default 0, the
   first start), so that a restarted run does not fail again at the same place.
+- ``count``: the number of consecutive steps, from ``step`` on, that the fault fires at
+  (default 1; more than one is for ``action=nan``).
+
+Several faults are separated by ``;`` (each on its own rank, point and steps).
 
 Before acting, a JSON line (rank, step, point, action, attempt, what was observed) is
 appended and fsynced to ``LEROBOT_KIT_FAULT_LOG`` when that is set, so a harness can
@@ -46,7 +53,8 @@ ENV = "LEROBOT_KIT_FAULT"
 LOG_ENV = "LEROBOT_KIT_FAULT_LOG"
 POINTS = ("forward", "backward", "optimizer", "sync_save", "async_save")
 SAVE_POINTS = ("sync_save", "async_save")
-ACTIONS = ("kill", "hang")
+ACTIONS = ("kill", "hang", "nan")
+NAN_POINTS = ("forward", "backward")
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,7 @@ class Fault:
     rank: int = 0
     action: str = "kill"
     attempt: int = 0
+    count: int = 1
 
     @classmethod
     def parse(cls, text: str) -> Fault:
@@ -75,6 +84,8 @@ class Fault:
             )
         if fault.point in SAVE_POINTS and fault.action != "kill":
             raise ConfigError(f"{ENV}={text!r}: a save point only supports action=kill")
+        if fault.action == "nan" and fault.point not in NAN_POINTS:
+            raise ConfigError(f"{ENV}={text!r}: action=nan needs point={' or point='.join(NAN_POINTS)}")
         return fault
 
 
@@ -98,7 +109,9 @@ class FaultInjector:
         self.run = run
         self.step = 0
         model = run.parallel.model
-        if fault.point == "forward":
+        if fault.point == "forward" and fault.action == "nan":
+            model.register_forward_pre_hook(self._poison_batch)
+        elif fault.point == "forward":
             model.register_forward_pre_hook(lambda module, args: self._at_step("model forward"))
         elif fault.point == "backward":
             _middle_module(run).register_forward_hook(self._hook_backward)
@@ -113,19 +126,41 @@ class FaultInjector:
             threading.Thread(target=self._watch_save, name="lerobot-fault-injection", daemon=True).start()
 
     def _at_step(self, where: str) -> None:
-        if self.step == self.fault.step:
+        if self._armed():
             self._fire(where)
+
+    def _armed(self) -> bool:
+        """Whether the current step is one the fault fires at."""
+        return self.fault.step <= self.step < self.fault.step + self.fault.count
+
+    def _poison_batch(self, module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """A NaN in the first action value of the batch the model is about to see."""
+        from lerobot_kit.core.data.dataset import ACTION_KEY
+
+        if not self._armed() or not args or ACTION_KEY not in args[0]:
+            return None
+        self._fire("model forward: a NaN in the batch's action")
+        batch = dict(args[0])
+        action = batch[ACTION_KEY].clone()
+        action.view(-1)[0] = float("nan")
+        batch[ACTION_KEY] = action
+        return (batch, *args[1:])
 
     def _hook_backward(self, module: Any, args: Any, output: Any) -> None:
         import torch
 
-        if self.step != self.fault.step or not torch.is_grad_enabled():
+        if not self._armed() or not torch.is_grad_enabled():
             return
         tensor = output if isinstance(output, torch.Tensor) else next(
             (t for t in (output if isinstance(output, (tuple, list)) else ()) if isinstance(t, torch.Tensor)), None
         )
         if tensor is not None and tensor.requires_grad:
-            tensor.register_hook(lambda grad: self._fire("backward through the middle of the model"))
+            tensor.register_hook(self._nan_gradient if self.fault.action == "nan" else
+                                 lambda grad: self._fire("backward through the middle of the model"))
+
+    def _nan_gradient(self, grad: Any) -> Any:
+        self._fire("backward through the middle of the model: NaN gradients")
+        return grad * float("nan")
 
     def _watch_save(self) -> None:
         """Polls the checkpoint's temporary folder until the chosen moment of its write."""
@@ -151,7 +186,8 @@ class FaultInjector:
                 os.fsync(handle.fileno())
         if self.fault.action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
-        threading.Event().wait()  # hang: forever, as a deadlocked rank would
+        if self.fault.action == "hang":
+            threading.Event().wait()  # forever, as a deadlocked rank would
 
 
 def _middle_module(run: RunComponents) -> Any:
@@ -169,12 +205,7 @@ def _has_file(folder: Path) -> bool:
         return False
 
 
-def from_env(run: RunComponents) -> FaultInjector | None:
-    """The fault ``LEROBOT_KIT_FAULT`` asks of this rank on this attempt, armed; else None."""
-    text = os.environ.get(ENV)
-    if not text:
-        return None
-    fault = Fault.parse(text)
-    if fault.rank != run.ctx.rank or fault.attempt != run.ctx.restart_count:
-        return None
-    return FaultInjector(fault, run)
+def from_env(run: RunComponents) -> list[FaultInjector]:
+    """The faults ``LEROBOT_KIT_FAULT`` asks of this rank on this attempt, armed."""
+    faults = [Fault.parse(text) for text in os.environ.get(ENV, "").split(";") if text.strip()]
+    return [FaultInjector(f, run) for f in faults if f.rank == run.ctx.rank and f.attempt == run.ctx.restart_count]

@@ -49,15 +49,15 @@ class RunGuards:
         """``step`` is the number of the step about to run (checkpoints count the same way)."""
         if self.watchdog is not None:
             self.watchdog.step_started(step)
-        if self.faults is not None:
-            self.faults.step_started(step)
+        for fault in self.faults:
+            fault.step_started(step)
 
     def step_finished(self, step: int) -> None:
         """After the step's optimizer update, before its log line and checkpoint."""
         if self.watchdog is not None:
             self.watchdog.step_finished()
-        if self.faults is not None:
-            self.faults.step_finished(step)
+        for fault in self.faults:
+            fault.step_finished(step)
 
     def finish(self) -> None:
         """After the loop and its last checkpoint: default signal handling again."""

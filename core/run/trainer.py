@@ -2,8 +2,9 @@
 
 One loop step = one micro-batch per data-parallel worker. Gradients are
 synchronised only on the last micro-batch of each accumulation window; the LR
-scheduler steps once per loop step; metrics are averaged across ranks before
-the main process logs them.
+scheduler steps once per loop step (not after an update skipped for a non-finite
+loss, ``nonfinite``); metrics are averaged across ranks before the main process logs
+them, leaving out the micro-batches of skipped updates.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -23,6 +25,7 @@ from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
 from lerobot_kit.core.distributed.process_group import all_reduce_mean
 from lerobot_kit.core.parallel.precision import autocast_dtype
 from lerobot_kit.core.run.guards import RunGuards
+from lerobot_kit.core.run.nonfinite import NonFiniteError, NonFiniteGuard, weights_finite
 from lerobot_kit.core.run.progress import Progress
 from lerobot_kit.core.run.tracking import Tracker
 
@@ -60,6 +63,7 @@ class Trainer:
         self.global_batch = config.batch_size * run.dims.dp_world_size
         self.saver = CheckpointSaver(run)
         self.guards = RunGuards(run)  # stop on signals, hang watchdog: around the loop, not in it
+        self.nonfinite = NonFiniteGuard(config, run.ctx, scaled=run.scaler is not None)  # inside the step: between clipping and the update
         # Called with the step number after each step, its log line and its checkpoint; each
         # hook decides whether the step is its own (evaluation: core.eval.training).
         self.step_hooks = list(step_hooks)
@@ -75,7 +79,9 @@ class Trainer:
 
     def _train_step(
         self, batch: dict[str, torch.Tensor], sync: bool
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], float | None]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], float | None, bool]:
+        """One micro-batch; on a sync step also the update. Returns the loss, the policy's
+        metrics, the global gradient norm (sync steps) and whether the update was applied."""
         run = self.run
         parallel, scaler, optimizer = run.parallel, run.scaler, run.optimizer
         batch = {k: v.to(run.ctx.device, non_blocking=True) for k, v in batch.items()}
@@ -83,30 +89,46 @@ class Trainer:
         with contextlib.nullcontext() if sync else parallel.no_sync():
             with self._autocast():
                 loss, logs = parallel.module(batch)
-            scaled = loss / self.accumulation
+            scaled = self.nonfinite.fold(loss, loss / self.accumulation)
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
-        grad_norm = None
+        grad_norm, applied = None, True
         if sync:
             parallel.finish_grad_sync()
             if scaler is not None:
                 scaler.unscale_(optimizer)
             grad_norm = parallel.clip_grad_norm(run.config.optimizer.grad_clip_norm)
+            applied = self.nonfinite.check(self.step + 1, grad_norm)
             if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
+                if applied:
+                    scaler.step(optimizer)
+                scaler.update()  # after a skip: backs the scale off, as after an overflow
+            elif applied:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        run.scheduler.step()
+        if applied:
+            run.scheduler.step()
         # Metrics stay tensors until a log step: no device sync on every step.
-        return loss.detach().float(), {k: v.detach().float() for k, v in logs.items()}, grad_norm
+        return loss.detach().float(), {k: v.detach().float() for k, v in logs.items()}, grad_norm, applied
 
     def fit(self) -> TrainResult:
+        """The loop. A non-finite step raises ``NonFiniteError`` on every rank at once, after
+        letting a checkpoint still being written finish: nothing is saved from that state."""
+        try:
+            return self._fit()
+        except NonFiniteError:
+            self.saver.finish()
+            self.guards.finish()
+            raise
+
+    def _fit(self) -> TrainResult:
         run, config = self.run, self.run.config
         result = TrainResult(steps_done=self.step)
         progress = Progress(config.steps, self.step, enabled=run.ctx.is_main)
-        window: dict[str, torch.Tensor] = {}
-        window_steps, window_start, grad_norm, data_wait = 0, time.perf_counter(), None, 0.0
+        window: dict[str, torch.Tensor] = {}  # metric sums of applied updates since the last log
+        update: dict[str, torch.Tensor] = {}  # metric sums of this update's micro-batches so far
+        window_steps, metric_steps, update_steps = 0, 0, 0
+        window_start, grad_norm, data_wait = time.perf_counter(), None, 0.0
+        skipped_before = self.nonfinite.skipped
         run.parallel.module.train()
         self.guards.start()
         while self.step < config.steps and not self.guards.stop_now():
@@ -115,22 +137,31 @@ class Trainer:
             wait_start = time.perf_counter()
             batch = next(self.batches)
             data_wait += time.perf_counter() - wait_start  # time the step waited for its batch (data_s)
-            loss, logs, norm = self._train_step(batch, sync)
+            loss, logs, norm, applied = self._train_step(batch, sync)
             grad_norm = norm if norm is not None else grad_norm
             self.step += 1
             self.guards.step_finished(self.step)
             self.position = self.sampler.advance(self.position, 1)
-            for key, value in {"loss": loss, **logs}.items():
-                window[key] = window[key] + value if key in window else value
+            _add(update, {"loss": loss, **logs})
+            update_steps += 1
             window_steps += 1
-            if self.step % config.log_freq == 0 or self.step == config.steps:
-                local = {k: v.item() / window_steps for k, v in window.items()}
+            is_log_step = self.step % config.log_freq == 0 or self.step == config.steps
+            if sync or is_log_step:
+                if applied:  # a skipped update's metrics (non-finite) stay out of the log
+                    _add(window, update)
+                    metric_steps += update_steps
+                update, update_steps = {}, 0
+            if is_log_step:
+                local = {k: v.item() / metric_steps for k, v in window.items()}
                 means = all_reduce_mean(run.ctx, {**local, "data_s": data_wait / window_steps})
+                if not metric_steps:
+                    means["loss"] = math.nan  # every update of the window was skipped
                 elapsed = time.perf_counter() - window_start
                 means["samples_per_s"] = window_steps * self.global_batch / elapsed if elapsed > 0 else 0.0
                 means["lr"] = run.optimizer.param_groups[0]["lr"]
                 if grad_norm is not None:
                     means["grad_norm"] = grad_norm
+                means["skipped_steps"] = self.nonfinite.skipped - skipped_before
                 means["step"] = self.step
                 result.logged.append(means)
                 if run.ctx.is_main:
@@ -138,18 +169,19 @@ class Trainer:
                     self._log(means, progress)
                     self._append_metrics(means)
                     self.tracker.log(means, self.step)
-                window, window_steps, window_start, data_wait = {}, 0, time.perf_counter(), 0.0
+                window, window_steps, metric_steps, window_start, data_wait = {}, 0, 0, time.perf_counter(), 0.0
+                skipped_before = self.nonfinite.skipped
             progress.update(self.step)
             self.saver.poll()
             if config.save_checkpoint and (self.step % config.save_freq == 0 or self.step == config.steps):
-                self.saver.save(self.step, self.position)
+                self._save()
             hooks_start = time.perf_counter()
             for hook in self.step_hooks:
                 hook(self.step)
             window_start += time.perf_counter() - hooks_start  # their time is not training throughput
         stopped = self.guards.stopped_by
         if stopped is not None and config.save_checkpoint and self.step % config.save_freq:
-            self.saver.save(self.step, self.position)  # where every rank agreed to stop
+            self._save()  # where every rank agreed to stop
         last = self.saver.finish()
         self.guards.finish()
         result.stopped_by = stopped.name if stopped is not None else None
@@ -157,6 +189,16 @@ class Trainer:
         progress.clear()
         result.steps_done = self.step
         return result
+
+    def _save(self) -> None:
+        """Checkpoint this step, unless a weight is not finite (a finite but huge update can
+        overflow one): then stop, so no checkpoint, and no `last`, ever holds one."""
+        if not weights_finite(self.run):
+            raise NonFiniteError(
+                f"step {self.step}: a weight is not finite after the update; stopped without writing its "
+                "checkpoint, so checkpoints/last is unchanged; fix: lower --optimizer.lr"
+            )
+        self.saver.save(self.step, self.position)
 
     def _append_metrics(self, means: dict[str, float]) -> None:
         """``logs/metrics.jsonl``: the logged metrics, one JSON object per log step, for scripts."""
@@ -171,7 +213,15 @@ class Trainer:
         parts.append(f"lr {means['lr']:.2e}")
         if "grad_norm" in means:
             parts.append(f"grad_norm {means['grad_norm']:.3f}")
+        if means["skipped_steps"]:
+            parts.append(f"skipped {int(means['skipped_steps'])}")
         parts.append(f"samples/s {means['samples_per_s']:.1f}")
         parts.append(f"data_s {means['data_s']:.3f}")
         parts.append(f"eta {progress.eta(int(means['step']))}")
         logger.info(" | ".join(parts))
+
+
+def _add(into: dict[str, torch.Tensor], values: dict[str, torch.Tensor]) -> None:
+    """Per-key running sums of metric tensors (no device sync)."""
+    for key, value in values.items():
+        into[key] = into[key] + value if key in into else value
