@@ -2,7 +2,8 @@
 
 Every rank writes into ``NNNNNN.tmp``; after all ranks finish, the main process
 fsyncs, renames it to ``NNNNNN`` and then swaps the ``last`` symlink with an atomic
-``os.replace``. A crash at any point leaves the previous checkpoint and ``last`` intact;
+``os.replace``. The checksum manifest is written into the temporary folder just before,
+so a published step folder always has one. A crash at any point leaves the previous checkpoint and ``last`` intact;
 a stale ``.tmp`` is wiped by the next save of that step and ignored by resume.
 """
 
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 from lerobot_kit.core.checkpoint import paths
+from lerobot_kit.core.checkpoint.manifest import FileDigest, write_manifest
 
 
 def temp_step_dir(output_dir: Path, step: int) -> Path:
@@ -45,11 +48,13 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def publish(output_dir: Path, step: int) -> Path:
-    """Main process only: make the finished temporary folder the step folder and ``last``."""
+def publish(output_dir: Path, step: int, digests: Mapping[str, FileDigest] | None = None) -> Path:
+    """Main process only: record the checksum manifest of the finished temporary folder,
+    then make it the step folder and ``last``. ``digests``: those the writing ranks took."""
     root = paths.checkpoints_root(output_dir)
     tmp = temp_step_dir(output_dir, step)
     final = root / paths.step_dir_name(step)
+    write_manifest(tmp, digests)
     fsync_tree(tmp)
     if final.exists():
         # Re-saving a step (e.g. after a resume at that step): move the old one aside first

@@ -16,6 +16,7 @@ from typing import Any
 import torch.distributed as dist
 
 from lerobot_kit.core.checkpoint import atomic, paths
+from lerobot_kit.core.checkpoint.save_digests import gather_shard_digests
 from lerobot_kit.core.checkpoint.shard_writes import save_shards
 from lerobot_kit.core.checkpoint.training_state import (
     capture_rng,
@@ -30,13 +31,19 @@ from lerobot_kit.core.checkpoint.training_state import (
 from lerobot_kit.core.checkpoint.training_step import SamplerPosition, Topology, TrainingStep, read_training_step
 from lerobot_kit.core.checkpoint.weights import SHAPE_FIX, CheckpointFormat
 from lerobot_kit.core.data.sampler import DataPosition
-from lerobot_kit.core.distributed.process_group import barrier
+from lerobot_kit.core.checkpoint.verify import damage
+from lerobot_kit.core.distributed.process_group import barrier, broadcast_object
 from lerobot_kit.core.errors import CheckpointError
 from lerobot_kit.core.run.components import RunComponents
 from lerobot_kit.core.run.optim import load_scheduler_state, scheduler_state
 from lerobot_kit.core.version import package_version
 
 logger = logging.getLogger(__name__)
+
+RESUME_ADVICE = (
+    "resume from an earlier step folder (--resume=true --config_path=<run>/checkpoints/<step>/pretrained_model/"
+    "train_config.json)"
+)
 
 
 def checkpoint_format(name: str) -> CheckpointFormat:
@@ -49,7 +56,9 @@ def save_checkpoint(run: RunComponents, step: int, position: DataPosition) -> Pa
     """Collective: every rank must call it at the same step. Returns the folder on the main process."""
     write_checkpoint(run, step, position)
     barrier(run.ctx)
-    final = atomic.publish(run.output_dir, step) if run.ctx.is_main else None
+    tmp = atomic.temp_step_dir(run.output_dir, step)
+    digests = gather_shard_digests(tmp, distributed=run.ctx.distributed)
+    final = atomic.publish(run.output_dir, step, digests) if run.ctx.is_main else None
     barrier(run.ctx)
     return final
 
@@ -143,7 +152,14 @@ def _check_resumable(step_dir: Path, record: TrainingStep) -> None:
 
 
 def restore_checkpoint(run: RunComponents, step_dir: Path) -> Restored:
-    """Collective: load weights, optimizer, scheduler, scaler and RNG onto the current topology."""
+    """Collective: load weights, optimizer, scheduler, scaler and RNG onto the current topology.
+
+    The main process first checks every file against the checkpoint's manifest, and every
+    rank stops alike when one differs.
+    """
+    problem = broadcast_object(run.ctx, damage(step_dir, None, RESUME_ADVICE) if run.ctx.is_main else None)
+    if problem is not None:
+        raise CheckpointError(problem)
     record = read_training_step(step_dir)
     _check_resumable(step_dir, record)
     pretrained, state_dir = step_dir / paths.PRETRAINED_DIR, step_dir / paths.TRAINING_STATE_DIR

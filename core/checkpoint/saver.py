@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from lerobot_kit.core.checkpoint import atomic, disk_space, paths, retention
+from lerobot_kit.core.checkpoint.manifest import FileDigest
+from lerobot_kit.core.checkpoint.save_digests import gather_shard_digests
 from lerobot_kit.core.checkpoint.save_restore import save_checkpoint, write_checkpoint
 from lerobot_kit.core.checkpoint.shard_writes import deferred_shard_writes, write_deferred
 from lerobot_kit.core.run.components import RunComponents
@@ -36,7 +38,7 @@ logger = logging.getLogger("lerobot_kit")
 @dataclass
 class _InFlight:
     step: int
-    future: Future[None]
+    future: Future[dict[str, FileDigest]]
     needed: int  # bytes all ranks write for it, for the message if the disk fills up
 
 
@@ -81,7 +83,9 @@ class CheckpointSaver:
             with deferred_shard_writes(self._stager) as deferred:
                 write_checkpoint(self.run, step, position)
         assert self._writer is not None
-        self._in_flight = _InFlight(step, self._writer.submit(write_deferred, deferred.writes, self._group), needed)
+        tmp = atomic.temp_step_dir(self.run.output_dir, step)
+        future = self._writer.submit(_write_and_hash, deferred.writes, self._group, tmp)
+        self._in_flight = _InFlight(step, future, needed)
 
     def poll(self) -> None:
         """Publish the checkpoint in flight if its writes are done; never waits, no collective.
@@ -109,7 +113,7 @@ class CheckpointSaver:
         if in_flight is None:
             return
         try:
-            in_flight.future.result()
+            digests = in_flight.future.result()
         except BaseException as exc:  # DCP's CheckpointException is a BaseException
             if disk_space.is_disk_full(exc, paths.checkpoints_root(self.run.output_dir)):
                 raise disk_space.disk_full(self.run, in_flight.step, in_flight.needed) from None
@@ -119,7 +123,7 @@ class CheckpointSaver:
                 f"({type(cause).__name__}: {first_line(cause)}); the previous checkpoint is intact"
             ) from exc
         if self.run.ctx.is_main:
-            self._published(atomic.publish(self.run.output_dir, in_flight.step))
+            self._published(atomic.publish(self.run.output_dir, in_flight.step, digests))
             logger.debug("checkpoint of step %d published", in_flight.step)
 
     def _published(self, final: Path | None) -> None:
@@ -128,3 +132,10 @@ class CheckpointSaver:
             return
         self.last = final
         retention.prune(self.run.output_dir, int(final.name), self.run.config.keep_last_checkpoints)
+
+
+def _write_and_hash(writes: list[tuple[dict[str, Any], Path]], group: Any, step_dir: Path) -> dict[str, FileDigest]:
+    """Background thread, collective over ``group``: the queued shard writes, then every
+    rank's digests of the shard files it wrote, for the main process's manifest."""
+    write_deferred(writes, group)
+    return gather_shard_digests(step_dir, distributed=True, group=group)

@@ -252,10 +252,12 @@ def _load_stored(weights: ModelWeights, stored: StoredWeights) -> None:
     any parallelism, while DCP shards are read collectively by every rank of a group;
     ``lerobot convert-dcp`` merges them into the file.
     """
+    from lerobot_kit.core.checkpoint.verify import check_pretrained
     from lerobot_kit.core.registry.registry import get_registry
 
     stored.require_kind(weights.naming.file_name)
     stored.gathered_file()
+    check_pretrained(stored.folder)
     checkpoint_format = get_registry().checkpoint_format(stored.checkpoint_format)
     checkpoint_format.load_weights(weights, stored.folder, distributed=False, is_main=True)
 

@@ -27,6 +27,7 @@ from _dist_util import describe, start_ranks
 from checkpoint_state import assert_same_state, crashed_copy, full_optimizer, losses
 from conftest import PARITY_ACT, TINY_ACT, launch_env, run_cli, script, torchrun_train
 from inotify_watch import IN_CREATE, IN_MODIFY, IN_MOVED_FROM, IN_OPEN, Watch
+from lerobot_kit.core.checkpoint.manifest import write_manifest
 from lerobot_kit.core.checkpoint.training_state import load_full_optimizer
 
 PROBE = Path(__file__).resolve().parents[1] / "probes" / "restore_probe.py"
@@ -59,6 +60,7 @@ def as_format(step_dir: Path, fmt: str) -> None:
     info = json.loads(info_file.read_text())
     info.update(checkpoint_format=fmt, weights={"safetensors": "gathered", "dcp": "dcp"}.get(fmt, "gathered+dcp"))
     info_file.write_text(json.dumps(info))
+    write_manifest(step_dir)  # as that format's save records it
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "dcp", "safetensors_dcp"])
@@ -273,6 +275,7 @@ def test_old_gathered_optimizer_layout_is_refused_on_resume(tmp_path, straight_f
     state = run / "checkpoints/000006/training_state"
     shutil.rmtree(state / "optimizer_0")
     (state / "optimizer_state.safetensors").write_bytes(b"\0" * 16)  # LeRobot 0.6 wrote one gathered file
+    (run / "checkpoints/000006/checksums.json").unlink()  # nor a checksum manifest
     config = run / "checkpoints/last/pretrained_model/train_config.json"
     result = torchrun_train(2, "--resume=true", f"--config_path={config}", "--steps=8", workdir=tmp_path,
                             check=False)
@@ -288,6 +291,7 @@ def test_unknown_layout_version_is_refused(tmp_path, straight_fsdp2):
     info = json.loads(info_file.read_text())
     info["layout_version"] = 99
     info_file.write_text(json.dumps(info))
+    write_manifest(info_file.parents[1])
     config = run / "checkpoints/last/pretrained_model/train_config.json"
     result = run_cli("train", "--resume=true", f"--config_path={config}", "--steps=8", "--parallelism.dp_shard=null")
     assert result.returncode != 0

@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from checkpoint_state import crashed_copy, losses
 from conftest import REPO, run_cli, torchrun_train
+from lerobot_kit.core.checkpoint.manifest import write_manifest
 from lerobot_kit.core.registry.registry import reset_registry
 
 CONTRIB = REPO / "contrib" / "lerobot-kit-mlp"
@@ -112,6 +113,7 @@ def test_fsdp_training_with_fp16_checkpoints_resumes(site, tmp_path):
     save_file(widened_weights, str(widened_step / "pretrained_model" / "model.safetensors"), metadata={"format": "pt"})
     info_file = widened_step / "training_state" / "training_step.json"
     info_file.write_text(json.dumps({**json.loads(info_file.read_text()), "checkpoint_format": "safetensors"}))
+    write_manifest(widened_step)
     for run in (fp16, widened):
         config = run / "checkpoints" / "last" / "pretrained_model" / "train_config.json"
         resumed = torchrun_train(2, "--resume=true", f"--config_path={config}", workdir=tmp_path, env=env,

@@ -1,0 +1,48 @@
+"""A checkpoint's files checked against its manifest before they are loaded.
+
+Resume checks the whole step folder, ``--policy.path`` the ``pretrained_model/`` it
+reads; a file that changed since the save stops the load with one line naming it. Step
+folders saved before manifests existed still load, after one notice. Torch-free.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+from lerobot_kit.core.checkpoint.manifest import MANIFEST, has_manifest, verify_manifest
+from lerobot_kit.core.checkpoint.paths import PRETRAINED_DIR, TRAINING_STATE_DIR, TRAINING_STEP
+from lerobot_kit.core.errors import CheckpointError
+
+logger = logging.getLogger("lerobot_kit")
+
+
+def damage(step_dir: Path, only: Iterable[str] | None, advice: str) -> str | None:
+    """The one-line error for files of ``step_dir`` (``only`` those) that differ from its
+    manifest, or None when they match or there is no manifest (then logs one notice)."""
+    step_dir = Path(step_dir)
+    if not has_manifest(step_dir):
+        logger.warning(f"{step_dir}: no {MANIFEST} (saved before checksums were recorded); its files load unverified")
+        return None
+    try:
+        problems = verify_manifest(step_dir, only)
+    except CheckpointError as exc:
+        return f"{exc}; the checkpoint is damaged: {advice}"
+    if not problems:
+        return None
+    more = f" (and {len(problems) - 1} more files)" if len(problems) > 1 else ""
+    return f"{problems[0]}{more}; the checkpoint is damaged: {advice}"
+
+
+def check_pretrained(pretrained_dir: Path) -> None:
+    """Before ``--policy.path`` (or ``load_pretrained``) reads a checkpoint's ``pretrained_model/``:
+    its files against ``../checksums.json``. A folder outside a step folder (``save_pretrained``'s)
+    has no manifest to check and is read as it is."""
+    pretrained_dir = Path(pretrained_dir)
+    step_dir = pretrained_dir.parent
+    if pretrained_dir.name != PRETRAINED_DIR or not (step_dir / TRAINING_STATE_DIR / TRAINING_STEP).is_file():
+        return
+    problem = damage(step_dir, [PRETRAINED_DIR], "load an earlier step folder of the run")
+    if problem is not None:
+        raise CheckpointError(problem)
