@@ -6,10 +6,19 @@ is computed up front from the DCP metadata — the ``safetensors`` package only 
 whole dict at once, which would cost the full model in RAM. Peak memory is one chunk for
 FSDP's row shards (one tensor plus one chunk for any other split).
 
-The output is written under a temporary name with a CRC-32 per tensor, fsynced, dropped
-from the page cache and read back from the disk against those checksums, and only then
-renamed into place; shards are deleted (``delete_dcp``) only after that rename. A crash
-or a failed check leaves no output file and the shards untouched.
+Nothing is written from shards that are not what was saved: when the step folder has a
+``checksums.json``, the shard files (and ``config.json``) are compared with it first, in
+one sequential pass that also brings them into the page cache for the conversion; and
+when the policy declares its weight shapes (``WeightShapes``), shards of other shapes
+than ``config.json``'s model are refused.
+
+The output is written under a temporary name, its sha256 taken from the bytes handed to
+the disk, and fsynced. With a manifest, that digest is recorded in ``checksums.json``
+(every later reader — ``inspect-checkpoint``, a resume — checks the disk against it) and
+the written header is read back; without one, the file is dropped from the page cache
+and read back in full against the digest. Only then is it renamed into place; shards
+are deleted (``delete_dcp``) only after that rename. A crash or a failed check leaves no
+output file and the shards untouched.
 
 PEFT checkpoints (recorded as such, or a folder with ``adapter_config.json``) become
 ``adapter_model.safetensors``. Keys are copied as they are: the PEFT saver writes shard
@@ -26,13 +35,13 @@ from the checkpoint runs) and checked against the shard files; chunks are decode
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import shutil
 import struct
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,14 +51,20 @@ import torch
 
 from lerobot_kit.core.offline import dcp_metadata
 from lerobot_kit.core.offline.dcp_chunks import ChunkReader, row_blocks
+from lerobot_kit.core.offline.weight_shapes import expected_shapes, shape_mismatch
+from lerobot_kit.core.checkpoint import manifest
 from lerobot_kit.core.checkpoint.atomic import fsync_dir
 from lerobot_kit.core.checkpoint.stored_weights import StoredWeights
 from lerobot_kit.core.checkpoint.training_step import rewrite_weights_kind
 from lerobot_kit.core.offline.safetensors_header import METADATA_KEY, read_safetensors_header, tensors
 from lerobot_kit.core.checkpoint.paths import (
+    DATASET_META,
     DCP_MODEL_DIR,
+    POLICY_CONFIG,
     PRETRAINED_DIR,
     TMP_SUFFIX,
+    TRAINING_STATE_DIR,
+    TRAINING_STEP,
     find_step_dir,
 )
 from lerobot_kit.core.errors import CheckpointError
@@ -156,8 +171,9 @@ def convert_dcp(
     """Merge ``pretrained_model/pytorch_model_fsdp_0/`` into ``model.safetensors``.
 
     Raises CheckpointError, leaving every existing file as it was, when the shards are
-    missing, partial or corrupt, when the output exists and ``overwrite`` is false, or
-    when the written file does not read back equal to the shards.
+    missing, partial, corrupt or differ from ``checksums.json``, when they hold other
+    shapes than ``config.json``'s model, when the output exists and ``overwrite`` is
+    false, or when the written file does not read back as written.
     """
     started = time.monotonic()
     pretrained = resolve_pretrained_dir(checkpoint_dir)
@@ -174,26 +190,30 @@ def convert_dcp(
 
     metadata = dcp_metadata.read_dcp_metadata(dcp_dir)
     entries = _entries(dcp_dir, metadata)
+    step_dir = pretrained.parent
+    recorded = _verified_manifest(step_dir) if pretrained.name == PRETRAINED_DIR else None
+    if not stored.adapter:
+        _check_shapes(pretrained, entries)
     tmp = output.with_name(output.name + TMP_SUFFIX)
     try:
         header = _header(entries)
         with ChunkReader(dcp_dir, metadata) as reader:
-            checksums = _write(tmp, header, entries, reader, progress)
-        _verify(tmp, len(header), entries, checksums, progress)
+            digest = _write(tmp, header, entries, reader, progress)
+        _check_header(tmp, entries)
+        if recorded is None:
+            _read_back(tmp, digest, progress)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     os.replace(tmp, output)
     fsync_dir(pretrained)
     rewrite_weights_kind(pretrained, "gathered" if delete_dcp else "gathered+dcp")
-    if delete_dcp:
-        try:
-            shutil.rmtree(dcp_dir)
-        except OSError as exc:
-            raise CheckpointError(
-                f"{output} is written and verified, but deleting {dcp_dir} failed ({exc.strerror or exc}); "
-                "delete it by hand"
-            ) from exc
+    try:
+        if delete_dcp:
+            _delete_shards(dcp_dir, output)
+    finally:
+        if recorded is not None:
+            _record_output(step_dir, recorded, f"{PRETRAINED_DIR}/{output.name}", digest)
     return ConvertResult(
         output=output,
         tensors=len(entries),
@@ -202,6 +222,16 @@ def convert_dcp(
         peft=stored.adapter,
         deleted_dcp=delete_dcp,
     )
+
+
+def _delete_shards(dcp_dir: Path, output: Path) -> None:
+    try:
+        shutil.rmtree(dcp_dir)
+    except OSError as exc:
+        raise CheckpointError(
+            f"{output} is written and verified, but deleting {dcp_dir} failed ({exc.strerror or exc}); "
+            "delete it by hand"
+        ) from exc
 
 
 def _header(entries: list[_Entry]) -> bytes:
@@ -221,33 +251,30 @@ def _header(entries: list[_Entry]) -> bytes:
 
 def _write(
     tmp: Path, header: bytes, entries: list[_Entry], reader: ChunkReader, progress: Progress | None
-) -> list[int]:
-    """Write ``header`` and then every tensor's bytes to ``tmp``, fsync it, and return a
-    CRC-32 per tensor of the bytes handed to the disk.
+) -> manifest.FileDigest:
+    """Write ``header`` and then every tensor's bytes to ``tmp``, fsync it, and return the
+    size and sha256 of the bytes handed to the disk.
 
     A tensor whose chunks are whole-row runs (FSDP's dim-0 shards) is written chunk by
     chunk as each is decoded, so no tensor-sized buffer exists; any other split is
     assembled into one tensor first. Peak memory: one chunk, or one tensor plus one chunk.
     """
     total = sum(e.nbytes for e in entries)
-    checksums: list[int] = []
+    digest = hashlib.sha256(header)
     done = 0
     with tmp.open("wb", buffering=0) as file:
         _write_all(file, memoryview(header))
         for e in entries:
-            checksum = 0
             for piece in _pieces(e, reader):
                 data = memoryview(_as_bytes(piece).numpy())
-                checksum = zlib.crc32(data, checksum)
+                digest.update(data)
                 _write_all(file, data)
                 del piece, data
-            checksums.append(checksum)
             done += e.nbytes
             if progress:
                 progress("write", done, total)
         os.fsync(file.fileno())
-        _drop_cached_pages(file.fileno())
-    return checksums
+    return manifest.FileDigest(len(header) + total, digest.hexdigest())
 
 
 def _pieces(e: _Entry, reader: ChunkReader) -> Iterator[torch.Tensor]:
@@ -264,31 +291,67 @@ def _pieces(e: _Entry, reader: ChunkReader) -> Iterator[torch.Tensor]:
     yield whole
 
 
-def _verify(
-    tmp: Path, data_start: int, entries: list[_Entry], checksums: list[int], progress: Progress | None
-) -> None:
-    """Read the file back from the disk (its pages were dropped from the cache after the
-    fsync) and match each tensor's bytes against the CRC taken while writing; the header
-    must list exactly the shards' tensors."""
-    _check_header(tmp, entries)
-    total = sum(e.nbytes for e in entries)
-    block = memoryview(bytearray(min(_VERIFY_BLOCK, max((e.nbytes for e in entries), default=0))))
-    done = 0
+def _read_back(tmp: Path, written: manifest.FileDigest, progress: Progress | None) -> None:
+    """Read the file back from the disk (its pages dropped from the cache first) and match
+    its sha256 against the one taken while writing."""
     with tmp.open("rb", buffering=0) as file:
-        file.seek(data_start)
-        for e, expected in zip(entries, checksums, strict=True):
-            checksum, left = 0, e.nbytes
-            while left:
-                got = file.readinto(block[: min(left, len(block))])
-                if not got:
-                    break
-                checksum = zlib.crc32(block[:got], checksum)
-                left -= got
-            if left or checksum != expected:
-                raise CheckpointError(f"{tmp}: {e.name} reads back different from the shards; disk or memory fault?")
-            done += e.nbytes
+        _drop_cached_pages(file.fileno())
+        digest, done = hashlib.sha256(), 0
+        block = memoryview(bytearray(min(_VERIFY_BLOCK, max(written.bytes, 1))))
+        while got := file.readinto(block):
+            digest.update(block[:got])
+            done += got
             if progress:
-                progress("verify", done, total)
+                progress("verify", done, written.bytes)
+    if done != written.bytes or digest.hexdigest() != written.sha256:
+        raise CheckpointError(f"{tmp}: reads back different from the shards; disk or memory fault?")
+
+
+def _verified_manifest(step_dir: Path) -> dict[str, manifest.FileDigest] | None:
+    """The step folder's recorded digests after checking the shards and ``config.json``
+    against them; None when it has no ``checksums.json``."""
+    if not manifest.has_manifest(step_dir):
+        return None
+    recorded = manifest.read_manifest(step_dir)
+    problems = manifest.verify_manifest(
+        step_dir, only=[f"{PRETRAINED_DIR}/{DCP_MODEL_DIR}", f"{PRETRAINED_DIR}/{POLICY_CONFIG}"]
+    )
+    if problems:
+        more = f" (and {len(problems) - 1} more files)" if len(problems) > 1 else ""
+        raise CheckpointError(f"damaged checkpoint, not converting: {problems[0]}{more}")
+    return recorded
+
+
+def _check_shapes(pretrained: Path, entries: list[_Entry]) -> None:
+    """Refuse shards of other shapes than the model ``config.json`` describes, when its
+    policy declares its shapes; shards of a policy that does not are converted as they are."""
+    try:
+        config = json.loads((pretrained / POLICY_CONFIG).read_text(encoding="utf-8"))
+        meta_path = pretrained / DATASET_META
+        meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.exists() else None
+    except (OSError, ValueError):
+        return  # no usable config: nothing to check against (loading will say why)
+    if not isinstance(config, dict):
+        return
+    expected = expected_shapes(config, meta)
+    if expected.problems:
+        name, message = expected.problems[0]
+        raise CheckpointError(f"{pretrained / name}: {message}; not converting")
+    if expected.shapes is not None:
+        mismatch = shape_mismatch(expected.shapes, {e.name: e.shape for e in entries})
+        if mismatch:
+            raise CheckpointError(f"{pretrained / DCP_MODEL_DIR}: {mismatch}; not converting")
+
+
+def _record_output(
+    step_dir: Path, recorded: dict[str, manifest.FileDigest], output: str, digest: manifest.FileDigest
+) -> None:
+    """Put the new file's digest into ``checksums.json``: the recorded digests stay as they
+    are (they were checked, or describe files not touched), the rewritten training record
+    is hashed anew, and files no longer there drop out."""
+    rewritten = f"{TRAINING_STATE_DIR}/{TRAINING_STEP}"
+    known = {rel: d for rel, d in recorded.items() if rel != rewritten}
+    manifest.write_manifest(step_dir, known={**known, output: digest})
 
 
 def _check_header(tmp: Path, entries: list[_Entry]) -> None:
