@@ -19,6 +19,8 @@ from conftest import launch_env, run_cli
 from lerobot_kit.core.checkpoint import paths as L
 from lerobot_kit.core.checkpoint.manifest import file_digest, read_manifest, write_manifest
 from lerobot_kit.core.checkpoint.training_step import rewrite_weights_kind
+from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.core.offline.convert import convert_dcp
 from lerobot_kit.core.offline.dcp_metadata import read_dcp_metadata
 from lerobot_kit.core.offline.inspect import inspect_checkpoint
 
@@ -60,9 +62,21 @@ def convert(step_dir: Path) -> tuple[int, list[str]]:
     return proc.returncode, proc.stderr.strip().splitlines()
 
 
-def refused_and_untouched(step_dir: Path, code: int, lines: list[str], before: bytes, *fragments: str) -> None:
+def refused_and_untouched(step_dir: Path, *fragments: str, cli: bool = False) -> None:
+    """convert-dcp refuses with one line holding ``fragments`` and writes nothing; the
+    console script when ``cli``, else the function (no torch start-up to pay)."""
     pretrained = step_dir / L.PRETRAINED_DIR
-    assert code == 1 and len(lines) == 1 and all(f in lines[0] for f in fragments), lines
+    before = (pretrained / L.MODEL_WEIGHTS).read_bytes()
+    if cli:
+        code, lines = convert(step_dir)
+        assert code == 1 and len(lines) == 1, lines
+        message = lines[0]
+    else:
+        with pytest.raises(CheckpointError) as raised:
+            convert_dcp(step_dir, overwrite=True)
+        message = str(raised.value)
+        assert "\n" not in message
+    assert all(f in message for f in fragments), message
     assert (pretrained / L.MODEL_WEIGHTS).read_bytes() == before
     assert not list(pretrained.glob(f"*{L.TMP_SUFFIX}"))
 
@@ -93,14 +107,9 @@ def test_an_old_checkpoint_without_checksums_says_so_once(step_dir: Path) -> Non
     assert code == 0 and errors == []
     assert out.count("checksums.json") == 1 and "checksums: absent (no checksums.json" in out
     assert "loadable with --policy.path: yes (" in out  # the shapes are still checked
-
-
-def test_a_policy_without_declared_shapes_and_no_manifest_is_unchecked(step_dir: Path) -> None:
-    (step_dir / L.MANIFEST).unlink()
     edit_json(step_dir / L.PRETRAINED_DIR / L.POLICY_CONFIG, type="not_installed")
-    code, out, _ = inspect(step_dir)
-    assert code == 0
-    assert "loadable with --policy.path: unchecked (" in out and "'not_installed' is not installed here" in out
+    report = inspect_checkpoint(step_dir)
+    assert report.ok and report.loadable.ok is None and "'not_installed' is not installed here" in report.loadable.why
 
 
 # --- weights of another shape ---------------------------------------------------------------
@@ -118,9 +127,7 @@ def test_weights_of_other_shapes_than_config_json_are_refused(step_dir: Path) ->
             and "more tensors differ" in line
             for line in errors
         ), errors
-    before = (pretrained / L.MODEL_WEIGHTS).read_bytes()
-    code, lines = convert(step_dir)
-    refused_and_untouched(step_dir, code, lines, before, "tensor 'action_head.weight' has shape [2, 32]", "not converting")
+    refused_and_untouched(step_dir, "tensor 'action_head.weight' has shape [2, 32]", "not converting", cli=True)
 
 
 def test_config_json_its_policy_refuses_is_a_problem_for_both_tools(step_dir: Path) -> None:
@@ -130,9 +137,7 @@ def test_config_json_its_policy_refuses_is_a_problem_for_both_tools(step_dir: Pa
     report = inspect_checkpoint(step_dir)
     assert not report.loadable.ok
     assert any(p.startswith("pretrained_model/config.json: not a valid 'act' config: ") for p in report.problems)
-    before = (pretrained / L.MODEL_WEIGHTS).read_bytes()
-    code, lines = convert(step_dir)
-    refused_and_untouched(step_dir, code, lines, before, "config.json: not a valid 'act' config", "not converting")
+    refused_and_untouched(step_dir, "config.json: not a valid 'act' config", "not converting")
 
 
 def test_dataset_features_the_policy_cannot_use_are_a_problem(step_dir: Path) -> None:
@@ -158,10 +163,9 @@ def test_a_flipped_byte_in_safetensors_data_is_found(step_dir: Path) -> None:
                       "records (changed since it was saved)"], errors
     code, out, errors = inspect(step_dir, "--no-verify")
     assert code == 0 and "checksums: off (not verified (--no-verify))" in out
-    code, out, _ = inspect(step_dir, "--verify-max-bytes=1000")
-    assert code == 0 and "checksums: skipped (not verified:" in out and "pass --verify to check them" in out
-    code, _, errors = inspect(step_dir, "--verify-max-bytes=1000", "--verify")
-    assert code == 1 and len(errors) == 1
+    skipped = inspect_checkpoint(step_dir, verify_max_bytes=1000)
+    assert skipped.ok and skipped.checksums.state == "skipped" and "pass --verify to check them" in skipped.checksums.why
+    assert len(inspect_checkpoint(step_dir, verify=True, verify_max_bytes=1000).problems) == 1
 
 
 def test_a_flipped_byte_in_a_dcp_shard_is_found_and_not_converted(step_dir: Path) -> None:
@@ -173,9 +177,7 @@ def test_a_flipped_byte_in_a_dcp_shard_is_found_and_not_converted(step_dir: Path
     code, out, errors = inspect(step_dir)
     assert code == 1 and any(line.startswith(f"error: {rel}: sha256 differs") for line in errors), errors
     assert "loadable with --policy.path: yes (" in out  # model.safetensors, not the shards, is what loads
-    before = (pretrained / L.MODEL_WEIGHTS).read_bytes()
-    code, lines = convert(step_dir)
-    refused_and_untouched(step_dir, code, lines, before, f"{step_dir / rel}: sha256 differs", "not converting")
+    refused_and_untouched(step_dir, f"{step_dir / rel}: sha256 differs", "not converting")
 
 
 # --- a conversion keeps the manifest true -------------------------------------------------------
