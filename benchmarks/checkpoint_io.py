@@ -17,6 +17,12 @@ published. Resume is
 ``restore_checkpoint`` of each format's checkpoint (just written, so from the page
 cache: it measures the loading code, not the disk).
 
+Checksums: after each synchronous save the main process hashes the published step folder
+as ``checksums.json`` records it (``manifest.hash_files``), and before each resume it
+verifies the folder against that manifest (``manifest.verify_manifest``); each is
+reported against the save or resume it rides on (the files are in the page cache both
+times, as they are for the save and resume themselves).
+
 The ``dcp`` checkpoint is kept for the ``convert_dcp`` and ``startup`` benchmarks.
 Run as a script (``python checkpoint_io.py worker OUTDIR SPEC_JSON``) this module is
 the rank worker.
@@ -75,7 +81,7 @@ def _retarget(run: Any, output_dir: Path, **config_changes: Any) -> None:
 def _worker(outdir: Path, spec: dict[str, Any]) -> None:
     import torch.distributed as dist
 
-    from lerobot_kit.core.checkpoint import atomic, paths
+    from lerobot_kit.core.checkpoint import atomic, manifest, paths
     from lerobot_kit.core.checkpoint.save_restore import checkpoint_format, restore_checkpoint, save_checkpoint
     from lerobot_kit.core.checkpoint.saver import CheckpointSaver
     from lerobot_kit.core.distributed.process_group import init_distributed, shutdown
@@ -103,6 +109,7 @@ def _worker(outdir: Path, spec: dict[str, Any]) -> None:
     saves: dict[str, list[float]] = {f: [] for f in formats}
     weights: dict[str, list[float]] = {f: [] for f in formats}
     floors: dict[str, list[float]] = {f: [] for f in formats}
+    hashes: dict[str, list[float]] = {f: [] for f in formats}
     step = 0
     for rep in range(spec["reps"]):
         for fmt in _rotated(formats, rep):
@@ -114,8 +121,12 @@ def _worker(outdir: Path, spec: dict[str, Any]) -> None:
                 if previous is not None:
                     shutil.rmtree(previous)  # keep the disk to one checkpoint per format
                 # The disk's floor for this save, right after it (the other rank waits in the next barrier).
-                written = tree_bytes(paths.last_checkpoint(run.output_dir))
+                saved = paths.last_checkpoint(run.output_dir)
+                written = tree_bytes(saved)
                 floors[fmt].append(written / disk_write_speed(outdir, written))
+                start = time.perf_counter()
+                manifest.hash_files(saved, manifest.saved_files(saved))
+                hashes[fmt].append(time.perf_counter() - start)
             if not spec["weights"]:
                 continue
             folder = outdir / "weights" / f"{fmt}{step}"
@@ -148,13 +159,20 @@ def _worker(outdir: Path, spec: dict[str, Any]) -> None:
         saver.finish()
         _retarget(run, run.output_dir, async_checkpoint=False)
     restores: dict[str, list[float]] = {f: [] for f in formats}
+    verifies: dict[str, list[float]] = {f: [] for f in formats}
     if spec["restore"]:
         for rep in range(spec["reps"]):
             for fmt in _rotated(formats, rep):
                 step_dir = paths.last_checkpoint(outdir / fmt)
                 restores[fmt].append(timed(lambda: restore_checkpoint(run, step_dir)))
+                if ctx.is_main and manifest.has_manifest(step_dir):
+                    start = time.perf_counter()
+                    problems = manifest.verify_manifest(step_dir)
+                    verifies[fmt].append(time.perf_counter() - start)
+                    assert not problems, problems
     result: dict[str, Any] = {"save_s": saves, "weights_s": weights, "restore_s": restores, "disk_floor_s": floors,
-                              "async_blocked_s": blocked, "async_published_s": published}
+                              "async_blocked_s": blocked, "async_published_s": published,
+                              "hash_s": hashes, "verify_s": verifies}
     if ctx.is_main:
         result["params"] = parallel.param_counts()[0]
         result["sizes"] = {}
@@ -219,6 +237,15 @@ def run(ctx: Context) -> Result:
         result.rows.append(Row(
             f"save ({fmt}) vs writing its bytes at disk speed", floor["ours"], floor["reference"], "s",
             floor["ratio"], note=f"{size / 1e6:.0f} MB, one file + fsync right after each save",
+        ))
+    for key, base, label in (("hash_s", "save_s", "save"), ("verify_s", "restore_s", "resume")):
+        if not main[key]["dcp"]:
+            continue  # checkpoints without checksums.json: nothing to verify
+        cost = paired(main[key]["dcp"], main[base]["dcp"])
+        result.rows.append(Row(
+            f"checksums (sha256 of every file) vs the {label} itself (dcp)", cost["ours"], cost["reference"], "s",
+            cost["ratio"], note=f"reported, aim <= 0.10; ratio {cost['ratio_min']:.2f}-{cost['ratio_max']:.2f} "
+            f"over {cost['pairs']} {label}s",
         ))
     sizes = main["sizes"]
     for fmt in ("dcp", "safetensors_dcp"):
