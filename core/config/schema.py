@@ -210,8 +210,10 @@ class TrainConfig(Section):
     output_dir: str | None = Field(None, description="Run folder (default outputs/train/<date>/<time>_<job_name>).")
     job_name: str | None = Field(None, description="Run name (default <policy.type>_<dataset.type>).")
     resume: bool | Literal["auto"] = Field(
-        False, description="Resume the run in output_dir from checkpoints/last; auto: resume when it exists, else "
-        "start (for schedulers that rerun one command). A torchrun or SLURM restart always resumes.",
+        False, description="Resume the run in output_dir from checkpoints/last (the newest complete step folder if "
+        "last is missing); auto: resume when there is one, else start (for schedulers that rerun one command). A "
+        "torchrun or SLURM restart always resumes. Flags on resume take effect, or are refused when the checkpoint "
+        "cannot follow them (the policy, the dataset, PEFT, the seed).",
     )
     resume_from: int | None = Field(
         None, ge=0, exclude=True, description="With --resume=true: resume from this step although the run has later "
