@@ -18,7 +18,8 @@ here runs unless ``LEROBOT_KIT_FAULT`` is set, which no user should do:
 - ``action``: ``kill`` (SIGKILL, default), ``hang`` (blocks forever; not for saves) or
   ``nan`` (``forward``: one NaN in the batch's action, so the loss is NaN, as from bad
   data; ``backward``: NaN gradients through the middle of the model while the loss stays
-  finite, as from an overflow).
+  finite, as from an overflow; ``optimizer``: a NaN in a weight just after
+  ``optimizer.step``, as from an update that overflowed it).
 - ``attempt``: the launcher's restart count on which the fault fires (default 0, the
   first start), so that a restarted run does not fail again at the same place.
 - ``count``: the number of consecutive steps, from ``step`` on, that the fault fires at
@@ -54,7 +55,6 @@ LOG_ENV = "LEROBOT_KIT_FAULT_LOG"
 POINTS = ("forward", "backward", "optimizer", "sync_save", "async_save")
 SAVE_POINTS = ("sync_save", "async_save")
 ACTIONS = ("kill", "hang", "nan")
-NAN_POINTS = ("forward", "backward")
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,6 @@ class Fault:
             )
         if fault.point in SAVE_POINTS and fault.action != "kill":
             raise ConfigError(f"{ENV}={text!r}: a save point only supports action=kill")
-        if fault.action == "nan" and fault.point not in NAN_POINTS:
-            raise ConfigError(f"{ENV}={text!r}: action=nan needs point={' or point='.join(NAN_POINTS)}")
         return fault
 
 
@@ -115,6 +113,8 @@ class FaultInjector:
             model.register_forward_pre_hook(lambda module, args: self._at_step("model forward"))
         elif fault.point == "backward":
             _middle_module(run).register_forward_hook(self._hook_backward)
+        elif fault.point == "optimizer" and fault.action == "nan":
+            run.optimizer.register_step_post_hook(self._poison_weight)
         elif fault.point == "optimizer":
             run.optimizer.register_step_pre_hook(lambda optimizer, args, kwargs: self._at_step("optimizer.step"))
 
@@ -145,6 +145,19 @@ class FaultInjector:
         action.view(-1)[0] = float("nan")
         batch[ACTION_KEY] = action
         return (batch, *args[1:])
+
+    def _poison_weight(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """A NaN in the first value of the first weight this rank holds, after the update."""
+        import torch
+        from torch.distributed.tensor import DTensor
+
+        if not self._armed():
+            return
+        self._fire("after optimizer.step: a NaN in a weight")
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        local = next(t for t in (p.to_local() if isinstance(p, DTensor) else p for p in params) if t.numel())
+        with torch.no_grad():
+            local.view(-1)[0] = float("nan")
 
     def _hook_backward(self, module: Any, args: Any, output: Any) -> None:
         import torch

@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
-from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -35,9 +34,6 @@ from torch.distributed.tensor import DTensor
 from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.distributed.process_group import DistContext, all_reduce_sum
 from lerobot_kit.core.errors import LerobotError
-
-if TYPE_CHECKING:
-    from lerobot_kit.core.run.components import RunComponents
 
 logger = logging.getLogger("lerobot_kit")
 
@@ -105,11 +101,11 @@ class NonFiniteGuard:
         return "nan" if agreed["nan"] else "inf" if agreed["inf"] else "finite"
 
 
-def weights_finite(run: RunComponents) -> bool:
-    """Whether every trained weight is finite, on every rank (collective on sharded runs only:
-    replicated weights are the same everywhere)."""
+def weights_finite(model: torch.nn.Module, ctx: DistContext, sharded: bool) -> bool:
+    """Whether every trained weight of ``model`` is finite, on every rank (collective when
+    ``sharded``; replicated weights are the same everywhere)."""
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
-    for param in run.parallel.model.parameters():
+    for param in model.parameters():
         if param.requires_grad:
             local = param.to_local() if isinstance(param, DTensor) else param
             if local.numel():
@@ -117,6 +113,6 @@ def weights_finite(run: RunComponents) -> bool:
     with torch.no_grad():
         finite = all(bool(torch.isfinite(torch.stack(torch._foreach_norm(group, math.inf))).all())
                      for group in groups.values())
-    if run.dims.sharded:
-        finite = all_reduce_sum(run.ctx, {"bad": float(not finite)})["bad"] == 0
+    if sharded:
+        finite = all_reduce_sum(ctx, {"bad": float(not finite)})["bad"] == 0
     return finite

@@ -193,7 +193,7 @@ class Trainer:
     def _save(self) -> None:
         """Checkpoint this step, unless a weight is not finite (a finite but huge update can
         overflow one): then stop, so no checkpoint, and no `last`, ever holds one."""
-        if not weights_finite(self.run):
+        if not weights_finite(self.run.parallel.model, self.run.ctx, self.run.dims.sharded):
             raise NonFiniteError(
                 f"step {self.step}: a weight is not finite after the update; stopped without writing its "
                 "checkpoint, so checkpoints/last is unchanged; fix: lower --optimizer.lr"
