@@ -42,7 +42,8 @@ def test_an_output_dir_that_is_a_file_or_under_one(tmp_path):
     assert existing.read_text() == "mine"
     with pytest.raises(ConfigError) as error:  # the same check, in process
         check_writable(existing / "run")
-    assert str(error.value) == f"--output_dir={existing}/run is under {existing}, a file, not a folder: pass a folder path"
+    assert str(error.value) == (
+        f"--output_dir={existing}/run is under {existing}, a file, not a folder: pass a folder path")
 
 
 def test_an_output_dir_on_a_read_only_mount(tmp_path, read_only_mount):
