@@ -142,14 +142,14 @@ def make_policy_processors(config: PolicyConfig, meta: DatasetMeta) -> tuple[Pol
     """The processors of the policy registered under ``config.type`` (``Policy.make_processors``)."""
     from lerobot_kit.core.registry.registry import get_registry
 
-    return get_registry().policy(config.type).load().make_processors(config, meta)
+    return get_registry().policy(config.type).processors(config, meta)  # type: ignore[return-value]
 
 
 def make_policy(config: PolicyConfig, meta: DatasetMeta) -> Policy:
     """Construct the policy registered under ``config.type`` (on the current default device)."""
     from lerobot_kit.core.registry.registry import get_registry
 
-    return get_registry().policy(config.type).load()(config, meta)
+    return get_registry().policy(config.type).build(config, meta)
 
 
 def save_pretrained(

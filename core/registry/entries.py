@@ -123,6 +123,14 @@ class PolicyEntry(Entry):
             )
         return policy_class
 
+    def build(self, config: PolicyConfig, meta: object) -> Policy:
+        """The policy, constructed; a third-party constructor that fails is one line naming its plugin."""
+        return self._call(self.load(), config, meta)  # type: ignore[return-value]
+
+    def processors(self, config: PolicyConfig, meta: object) -> tuple[object, object]:
+        """The policy's pre- and postprocessor (``Policy.make_processors``), failures named like ``build``'s."""
+        return self._call(self.load().make_processors, config, meta)  # type: ignore[return-value]
+
 
 @dataclass
 class DatasetEntry(Entry):

@@ -40,6 +40,8 @@ def lerobot_register_policies(register):
     register("not_a_policy", OddConfig, "collections:OrderedDict")
     register("other_config", OddConfig, "oddplug_torch:PolicyOfAnotherConfig")
     register("exits_on_import", OddConfig, "oddplug_exits:Anything")
+    register("raises_in_init", OddConfig, "oddplug_torch:PolicyThatRaises")
+    register("exits_in_processors", OddConfig, "oddplug_torch:PolicyThatExits")
 
 @hookimpl
 def lerobot_register_datasets(register):
@@ -65,6 +67,20 @@ class OtherConfig(PolicyConfig):
 
 class PolicyOfAnotherConfig(Policy):
     config_class = OtherConfig
+
+class PolicyThatRaises(Policy):
+    config_class = PolicyConfig
+
+    def __init__(self, config, meta):
+        raise RuntimeError("no GPU driver")
+
+class PolicyThatExits(Policy):
+    config_class = PolicyConfig
+
+    @classmethod
+    def make_processors(cls, config, meta):
+        import sys
+        sys.exit(0)
 
 class AbstractFormat(CheckpointFormat):
     pass
@@ -100,6 +116,12 @@ BROKEN: dict[str, tuple[Callable[[Registry], Any], str]] = {
     "policy module exits": (
         lambda r: r.policy("exits_on_import").load(),
         "registered policy 'exits_on_import' as 'oddplug_exits:Anything', which failed to import: called sys.exit(3)"),
+    "policy constructor raises": (
+        lambda r: r.policy("raises_in_init").build(r.policy("raises_in_init").config_class(), None),
+        "the factory of policy 'raises_in_init' failed: RuntimeError: no GPU driver. Fix or update the plugin"),
+    "policy processors exit": (  # uncaught, `lerobot train` would end silently with success
+        lambda r: r.policy("exits_in_processors").processors(r.policy("exits_in_processors").config_class(), None),
+        "the factory of policy 'exits_in_processors' failed: called sys.exit(0)."),
     "dataset not callable": (
         lambda r: r.dataset("not_callable").load(), "as 3, which is not a callable factory(config, delta_indices)"),
     "dataset factory returns no dataset": (
