@@ -86,6 +86,19 @@ class SamplerConfig(_Options):
     block_size: int = Field(16, ge=1, description="episode_blocks: frames per block (never across episodes).")
     buffer_size: int = Field(256, ge=1, description="episode_blocks: decoded items held for shuffling, per rank.")
 
+    @model_validator(mode="after")
+    def _no_ignored_block_options(self) -> SamplerConfig:
+        """The random sampler has no blocks: a block option set for it would be recorded and never used.
+        Compared with the defaults, so a recorded config (which lists every field) loads again."""
+        if self.type == "random":
+            for name in ("block_size", "buffer_size"):
+                if getattr(self, name) != type(self).model_fields[name].default:
+                    raise ValueError(
+                        f"{name} applies to type=episode_blocks only, so with type=random it would be ignored: "
+                        f"add --dataset.sampler.type=episode_blocks or remove --dataset.sampler.{name}"
+                    )
+        return self
+
 
 def transform_ranges(kind: str, kwargs: dict[str, Any]) -> dict[str, tuple[float, float]]:
     """``kwargs`` of a transform ``kind`` as (low, high) ranges, as torchvision reads them.

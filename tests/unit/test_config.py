@@ -56,6 +56,8 @@ def test_flags_override_the_config_file(tmp_path):
         (["--policy.type=actt"], "--policy.type: unknown policy 'actt'. Did you mean 'act'?"),
         (["--checkpoint_format=dcpp"], "Did you mean 'dcp'?"),
         (["--config_path=/nonexistent/x.json"], "--config_path=/nonexistent/x.json: no such file"),
+        (["--dataset.sampler.block_size=4"], "--dataset.sampler: Value error, block_size applies to "
+         "type=episode_blocks only, so with type=random it would be ignored"),
     ],
 )
 def test_bad_input_is_one_line_per_problem_naming_the_flag(args, expected):
@@ -63,6 +65,13 @@ def test_bad_input_is_one_line_per_problem_naming_the_flag(args, expected):
         parse_train_config(args)
     assert expected in str(info.value)
     assert info.value.exit_code == 2
+
+
+def test_a_recorded_config_of_a_random_sampler_loads_again(tmp_path):
+    """A recorded config lists the block options at their defaults; that is not setting them."""
+    recorded = tmp_path / "train_config.json"
+    recorded.write_text(parse_train_config([]).model_dump_json())
+    assert parse_train_config([f"--config_path={recorded}"]).dataset.sampler.block_size == 16
 
 
 def test_every_problem_is_reported_at_once():
