@@ -84,7 +84,8 @@ def run(ctx: Context) -> Result:
         "throughput vs disk sequential write (fsync)", stats["ours"] / 1e6, stats["reference"] / 1e6, "MB/s",
         stats["ratio"], SPEED_GOAL, judge(stats["ratio"], SPEED_GOAL),
         f"{total / 1e6:.0f} MB; median of {stats['pairs']} pairs, ratio {stats['ratio_min']:.2f}-"
-        f"{stats['ratio_max']:.2f}; shards checked against checksums.json, write + sha256 + fsync, by the command's clock",
+        f"{stats['ratio_max']:.2f}; shards checked against checksums.json, write + sha256 + fsync, "
+        "by the command's clock",
     ))
     result.rows.append(Row(
         "peak RSS above import baseline vs largest tensor", excess / 1e6, largest / 1e6, "MB",

@@ -283,7 +283,9 @@ class _Inspector:
     def _check_checksums(self, size_on_disk: int) -> Checksums:
         """Every file against ``checksums.json``; a file that differs is a problem naming it."""
         if not manifest.has_manifest(self.root):
-            return Checksums("absent", f"no {L.MANIFEST} (written before checkpoints carried one): contents not verified")
+            return Checksums(
+                "absent", f"no {L.MANIFEST} (written before checkpoints carried one): contents not verified"
+            )
         try:
             recorded = manifest.read_manifest(self.root)
         except CheckpointError as err:

@@ -89,10 +89,12 @@ def shape_mismatch(expected: Shapes, stored: Shapes) -> str | None:
         if tuple(stored[name]) != expected[name]
     ]
     lines += [
-        f"tensor {name!r} ({list(expected[name])} in {POLICY_CONFIG}) is missing" for name in sorted(expected.keys() - stored.keys())
+        f"tensor {name!r} ({list(expected[name])} in {POLICY_CONFIG}) is missing"
+        for name in sorted(expected.keys() - stored.keys())
     ]
     lines += [
-        f"tensor {name!r} {list(stored[name])} is not in {POLICY_CONFIG}'s model" for name in sorted(stored.keys() - expected.keys())
+        f"tensor {name!r} {list(stored[name])} is not in {POLICY_CONFIG}'s model"
+        for name in sorted(stored.keys() - expected.keys())
     ]
     if not lines:
         return None

@@ -44,7 +44,8 @@ def embedding(name: str, count: int, dim: int) -> Shapes:
 
 def attention(name: str, dim: int) -> Shapes:
     """``plugins.policies.attention.MultiHeadAttention``: separate q/k/v/out projections."""
-    return {k: v for proj in ("q_proj", "k_proj", "v_proj", "out_proj") for k, v in linear(f"{name}.{proj}", dim, dim).items()}
+    projections = ("q_proj", "k_proj", "v_proj", "out_proj")
+    return {k: v for proj in projections for k, v in linear(f"{name}.{proj}", dim, dim).items()}
 
 
 def feature_sizes(meta: DatasetMeta, policy: str) -> tuple[list[str], int, int]:

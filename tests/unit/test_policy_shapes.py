@@ -77,8 +77,8 @@ def test_shapes_are_computed_without_torch() -> None:
         "from lerobot_kit.core.data.dataset import DatasetMeta, FeatureSpec\n"
         "from lerobot_kit.plugins.policies.act.configuration import ACTConfig\n"
         "from lerobot_kit.plugins.policies.diffusion.configuration import DiffusionConfig\n"
-        "meta = DatasetMeta({'action': FeatureSpec('float32', (2,)), 'observation.images.a': FeatureSpec('image', (3, 8, 8))},"
-        " {}, 10, 1, 1)\n"
+        "features = {'action': FeatureSpec('float32', (2,)), 'observation.images.a': FeatureSpec('image', (3, 8, 8))}\n"
+        "meta = DatasetMeta(features, {}, 10, 1, 1)\n"
         "assert ACTConfig().weight_shapes(meta) and DiffusionConfig().weight_shapes(meta)\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n"
     )
