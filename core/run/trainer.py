@@ -63,7 +63,8 @@ class Trainer:
         self.global_batch = config.batch_size * run.dims.dp_world_size
         self.saver = CheckpointSaver(run)
         self.guards = RunGuards(run)  # stop on signals, hang watchdog: around the loop, not in it
-        self.nonfinite = NonFiniteGuard(config, run.ctx, scaled=run.scaler is not None)  # inside the step: between clipping and the update
+        # Non-finite loss or gradient norm: inside the step, between clipping and the update.
+        self.nonfinite = NonFiniteGuard(config, run.ctx, scaled=run.scaler is not None)
         # Called with the step number after each step, its log line and its checkpoint; each
         # hook decides whether the step is its own (evaluation: core.eval.training).
         self.step_hooks = list(step_hooks)

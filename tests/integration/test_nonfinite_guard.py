@@ -41,7 +41,8 @@ def step_folders(run: Path) -> list[str]:
 
 def test_a_nan_loss_stops_before_the_update_and_last_stays_at_the_previous_checkpoint(tmp_path):
     run = tmp_path / "run"
-    result = train(tmp_path, "--steps=4", "--save_freq=2", f"--output_dir={run}", fault="point=forward,step=3,action=nan")
+    result = train(tmp_path, "--steps=4", "--save_freq=2", f"--output_dir={run}",
+                   fault="point=forward,step=3,action=nan")
     assert result.returncode == 1, result.stderr[-3000:]
     [line] = error_lines(result.stderr)
     assert line.startswith("error: step 3: loss is nan (grad_norm nan); stopped before updating the weights"), line
@@ -53,7 +54,8 @@ def test_a_nan_loss_stops_before_the_update_and_last_stays_at_the_previous_check
 
 def test_a_non_finite_weight_is_never_saved(tmp_path):
     run = tmp_path / "run"
-    result = train(tmp_path, "--steps=4", "--save_freq=2", f"--output_dir={run}", fault="point=optimizer,step=4,action=nan")
+    result = train(tmp_path, "--steps=4", "--save_freq=2", f"--output_dir={run}",
+                   fault="point=optimizer,step=4,action=nan")
     assert result.returncode == 1, result.stderr[-3000:]
     [line] = error_lines(result.stderr)
     assert line.startswith("error: step 4: a weight is not finite after the update; stopped without writing its "
