@@ -29,7 +29,8 @@ from lerobot_kit.core.checkpoint.training_state import (
     write_json,
 )
 from lerobot_kit.core.checkpoint.training_step import SamplerPosition, Topology, TrainingStep, read_training_step
-from lerobot_kit.core.checkpoint.weights import SHAPE_FIX, CheckpointFormat
+from lerobot_kit.core.checkpoint.stored_weights import StoredWeights
+from lerobot_kit.core.checkpoint.weights import SHAPE_FIX, CheckpointFormat, reads_shards
 from lerobot_kit.core.data.sampler import DataPosition
 from lerobot_kit.core.checkpoint.verify import damage
 from lerobot_kit.core.distributed.process_group import barrier, broadcast_object
@@ -154,10 +155,15 @@ def _check_resumable(step_dir: Path, record: TrainingStep) -> None:
 def restore_checkpoint(run: RunComponents, step_dir: Path) -> Restored:
     """Collective: load weights, optimizer, scheduler, scaler and RNG onto the current topology.
 
-    The main process first checks every file against the checkpoint's manifest, and every
-    rank stops alike when one differs.
+    The main process first checks every file it is about to read against the checkpoint's
+    manifest (all but the weight kind this topology does not read), and every rank stops
+    alike when one differs.
     """
-    problem = broadcast_object(run.ctx, damage(step_dir, None, RESUME_ADVICE) if run.ctx.is_main else None)
+    problem = None
+    if run.ctx.is_main:
+        unread = _unread_weights(step_dir, run.ctx.distributed)
+        problem = damage(step_dir, None, RESUME_ADVICE, skip=[unread] if unread else [])
+    problem = broadcast_object(run.ctx, problem)
     if problem is not None:
         raise CheckpointError(problem)
     record = read_training_step(step_dir)
@@ -176,6 +182,17 @@ def restore_checkpoint(run: RunComponents, step_dir: Path) -> Restored:
     if rng is not None:
         restore_rng(rng)
     return Restored(record.step, DataPosition(**asdict(record.sampler)), record)
+
+
+def _unread_weights(step_dir: Path, distributed: bool) -> str | None:
+    """The weight kind a resume on this topology does not read (of a checkpoint holding both): not
+    verified. None when the record cannot tell (its own check then names the problem)."""
+    try:
+        stored = StoredWeights.of(step_dir / paths.PRETRAINED_DIR)
+    except CheckpointError:
+        return None
+    unread = stored.file_name if reads_shards(stored, distributed=distributed) else paths.DCP_MODEL_DIR
+    return f"{paths.PRETRAINED_DIR}/{unread}"
 
 
 def _load_optimizer(run: RunComponents, state_dir: Path) -> None:

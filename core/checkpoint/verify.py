@@ -11,21 +11,25 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from lerobot_kit.core.checkpoint.manifest import MANIFEST, has_manifest, verify_manifest
+from lerobot_kit.core.checkpoint.manifest import MANIFEST, has_manifest, read_manifest, verify_manifest
 from lerobot_kit.core.checkpoint.paths import PRETRAINED_DIR, TRAINING_STATE_DIR, TRAINING_STEP
 from lerobot_kit.core.errors import CheckpointError
 
 logger = logging.getLogger("lerobot_kit")
 
 
-def damage(step_dir: Path, only: Iterable[str] | None, advice: str) -> str | None:
-    """The one-line error for files of ``step_dir`` (``only`` those) that differ from its
-    manifest, or None when they match or there is no manifest (then logs one notice)."""
+def damage(step_dir: Path, only: Iterable[str] | None, advice: str, skip: Iterable[str] = ()) -> str | None:
+    """The one-line error for files of ``step_dir`` (``only`` those, none under ``skip``:
+    files the load does not read) that differ from its manifest, or None when they match
+    or there is no manifest (then logs one notice)."""
     step_dir = Path(step_dir)
     if not has_manifest(step_dir):
         logger.warning(f"{step_dir}: no {MANIFEST} (saved before checksums were recorded); its files load unverified")
         return None
     try:
+        skipped = tuple(skip)
+        if skipped:
+            only = [rel for rel in (only or read_manifest(step_dir)) if not _under(rel, skipped)]
         problems = verify_manifest(step_dir, only)
     except CheckpointError as exc:
         return f"{exc}; the checkpoint is damaged: {advice}"
@@ -46,3 +50,7 @@ def check_pretrained(pretrained_dir: Path) -> None:
     problem = damage(step_dir, [PRETRAINED_DIR], "load an earlier step folder of the run")
     if problem is not None:
         raise CheckpointError(problem)
+
+
+def _under(rel: str, folders_or_files: tuple[str, ...]) -> bool:
+    return any(rel == f or rel.startswith(f + "/") for f in folders_or_files)

@@ -226,6 +226,11 @@ def load_shards(weights: ModelWeights, shard_dir: Path) -> None:
     set_model_state_dict(weights.model, state, options=StateDictOptions(strict=naming.include_frozen))
 
 
+def reads_shards(stored: StoredWeights, *, distributed: bool) -> bool:
+    """Whether ``load_any_weights`` reads the DCP shards (else the gathered file)."""
+    return stored.shards and (distributed or not stored.gathered)
+
+
 def load_any_weights(weights: ModelWeights, pretrained_dir: Path, *, distributed: bool, is_main: bool) -> None:
     """The weights ``pretrained_dir`` records into the model, on the current topology.
 
@@ -235,7 +240,7 @@ def load_any_weights(weights: ModelWeights, pretrained_dir: Path, *, distributed
     """
     stored = StoredWeights.of(pretrained_dir)
     stored.require_kind(weights.naming.file_name)
-    if stored.shards and (distributed or not stored.gathered):
+    if reads_shards(stored, distributed=distributed):
         load_shards(weights, stored.shard_dir)
         return
     path = stored.gathered_file()
