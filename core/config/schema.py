@@ -8,9 +8,9 @@ registry, so a plugin's config fields are validated and round-trip like built-in
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SerializeAsAny, field_validator
 
 from lerobot_kit.core.data.options import ImageTransformsConfig, SamplerConfig
 
@@ -136,13 +136,32 @@ class PeftConfig(Section):
     full_training_modules: list[str] | None = Field(None, description="Modules trained in full and saved.")
 
 
+def _within_float32(value: float) -> float:
+    if abs(value) > 3.4e38:
+        raise ValueError(f"{value:g} is beyond float32's range (3.4e38), which the optimizer computes in")
+    return value
+
+
+Float32 = Annotated[float, Field(allow_inf_nan=False), AfterValidator(_within_float32)]
+
+
 class OptimizerConfig(Section):
     type: Literal["adamw"] = Field("adamw", description="Optimizer.")
-    lr: float = Field(1e-4, gt=0, description="Learning rate (never scaled automatically).")
-    weight_decay: float = Field(1e-4, ge=0, description="AdamW weight decay.")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
-    eps: float = Field(1e-8, gt=0, description="AdamW eps.")
-    grad_clip_norm: float | None = Field(10.0, description="Clip the global gradient norm (unset: no clipping).")
+    # The optimizer keeps its hyperparameters as float32 tensors on some paths; a value past
+    # float32's range (or nan/inf) would only fail deep inside the first step.
+    lr: Float32 = Field(1e-4, gt=0, description="Learning rate (never scaled automatically).")
+    weight_decay: Float32 = Field(1e-4, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1).")
+    eps: Float32 = Field(1e-8, gt=0, description="AdamW eps.")
+    grad_clip_norm: float | None = Field(10.0, gt=0, allow_inf_nan=False,
+                                         description="Clip the global gradient norm (unset: no clipping).")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= beta < 1 for beta in betas):  # also false for nan
+            raise ValueError(f"each beta must lie in [0, 1), got {list(betas)}")
+        return betas
 
 
 class SchedulerConfig(Section):
