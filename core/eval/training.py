@@ -16,7 +16,6 @@ with evaluation trains bit-identically to one without and resumes exactly.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from lerobot_kit.core.model.peft import is_peft_model
 from lerobot_kit.core.model.policy import Policy
 from lerobot_kit.core.run.components import RunComponents
 from lerobot_kit.core.run.tracking import Tracker
+from lerobot_kit.core.run.metrics_log import append_row
 
 logger = logging.getLogger("lerobot_kit")
 
@@ -57,10 +57,7 @@ class TrainingEvaluation:
             return
         row = metrics_row(info, step)
         logger.info(f"eval step {step} | {summary(info)} | {output_dir}")
-        metrics = self.run.output_dir / "logs" / "metrics.jsonl"
-        metrics.parent.mkdir(parents=True, exist_ok=True)
-        with metrics.open("a") as handle:
-            handle.write(json.dumps(row) + "\n")
+        append_row(self.run.output_dir, row)
         self.tracker.log(row, step)
 
     def _policy_copy(self) -> Policy:

@@ -10,7 +10,6 @@ them, leaving out the micro-batches of skipped updates.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import time
@@ -28,6 +27,7 @@ from lerobot_kit.core.run.guards import RunGuards
 from lerobot_kit.core.run.nonfinite import NonFiniteError, NonFiniteGuard, weights_finite
 from lerobot_kit.core.run.progress import Progress
 from lerobot_kit.core.run.tracking import Tracker
+from lerobot_kit.core.run.metrics_log import append_row, drop_rows_after
 
 logger = logging.getLogger("lerobot_kit")
 
@@ -130,6 +130,8 @@ class Trainer:
         window_steps, metric_steps, update_steps = 0, 0, 0
         window_start, grad_norm, data_wait = time.perf_counter(), None, 0.0
         skipped_before = self.nonfinite.skipped
+        if run.ctx.is_main:
+            drop_rows_after(run.output_dir, self.step)  # a resume replays the steps after its checkpoint
         run.parallel.module.train()
         self.guards.start()
         while self.step < config.steps and not self.guards.stop_now():
@@ -168,7 +170,7 @@ class Trainer:
                 if run.ctx.is_main:
                     progress.clear()
                     self._log(means, progress)
-                    self._append_metrics(means)
+                    append_row(self.run.output_dir, means)
                     self.tracker.log(means, self.step)
                 window, window_steps, metric_steps, window_start, data_wait = {}, 0, 0, time.perf_counter(), 0.0
                 skipped_before = self.nonfinite.skipped
@@ -200,13 +202,6 @@ class Trainer:
                 "checkpoint, so checkpoints/last is unchanged; fix: lower --optimizer.lr"
             )
         self.saver.save(self.step, self.position)
-
-    def _append_metrics(self, means: dict[str, float]) -> None:
-        """``logs/metrics.jsonl``: the logged metrics, one JSON object per log step, for scripts."""
-        path = self.run.output_dir / "logs" / "metrics.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as handle:
-            handle.write(json.dumps(means) + "\n")
 
     def _log(self, means: dict[str, float], progress: Progress) -> None:
         parts = [f"step {int(means['step'])}/{self.run.config.steps}", f"loss {means['loss']:.4f}"]
