@@ -1,6 +1,6 @@
 """3. Distributed overhead on CPU: DDP(2) and FSDP(2) against two independent processes.
 
-Each side is the real ``lerobot-train`` console script, one thread per process. The
+Each side is the real ``lerobot train`` console script, one thread per process. The
 distributed runs train on 2 ranks with ``--batch_size=B`` per rank; the reference is
 two single-process runs of batch B started together — the same arithmetic on the same
 two cores with no communication — so the ratio is what gradient all-reduce (DDP) or
@@ -34,7 +34,7 @@ def run(ctx: Context) -> Result:
     window = ctx.pick(2, 15)
     steps = window * ctx.pick(3, 5)
     reps = ctx.pick(1, 2)
-    train = console_script("lerobot-train")
+    train = [console_script("lerobot"), "train"]
     common = [f"--steps={steps}", f"--log_freq={window}", "--save_checkpoint=false", f"--batch_size={BATCH}"]
     layouts = {"ddp2": [], "fsdp2": ["--parallelism.dp_shard=2"]}
     times: dict[str, list[float]] = {"independent": [], **{name: [] for name in layouts}}
@@ -44,12 +44,12 @@ def run(ctx: Context) -> Result:
             folder = ctx.folder(NAME, f"{kind}{rep}")
             if kind == "independent":
                 outs = [folder / f"single{i}" for i in range(2)]
-                commands = [([train, *common, f"--output_dir={out}"], clean_env(folder)) for out in outs]
+                commands = [([*train, *common, f"--output_dir={out}"], clean_env(folder)) for out in outs]
                 run_together(commands, folder, timeout=600)
                 times[kind].append(statistics.mean(_step_time(out, BATCH) for out in outs))
             else:
                 port = free_port()
-                argv = [train, *common, *layouts[kind], f"--output_dir={folder / 'run'}"]
+                argv = [*train, *common, *layouts[kind], f"--output_dir={folder / 'run'}"]
                 run_together([(argv, rank_env(folder, r, 2, port)) for r in range(2)], folder, timeout=600)
                 times[kind].append(_step_time(folder / "run", 2 * BATCH))
     result = Result(details={"batch_per_process": BATCH, "steps": steps, "window": window, "step_s": times})

@@ -79,7 +79,7 @@ def run(ctx: Context) -> Result:
     folder = ctx.folder(NAME)
 
     def first_step() -> float:
-        argv = [console_script("lerobot-train"), "--steps=1", "--log_freq=1", "--save_checkpoint=false",
+        argv = [console_script("lerobot"), "train", "--steps=1", "--log_freq=1", "--save_checkpoint=false",
                 f"--output_dir={folder / f'run{next(runs)}'}"]
         return time_to_line(argv, env, "step 1/1", timeout=300)
 

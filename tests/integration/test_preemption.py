@@ -19,9 +19,16 @@ SMALL_DATA = ["--dataset.num_episodes=2", "--dataset.episode_length=20"]
 RUN = [*TINY_ACT, *SMALL_DATA, "--batch_size=4", "--log_freq=10", "--seed=3", "--steps=400", "--save_freq=200"]
 
 
+def _as_in_a_terminal() -> None:
+    """A background job of a non-interactive shell (``cmd &``, CI runners) starts with SIGINT
+    ignored, and so would the run: give it the disposition a terminal's Ctrl-C meets."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(workdir: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([script("lerobot"), "train", *args], cwd=workdir, env=launch_env(workdir),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_as_in_a_terminal)
 
 
 def wait_for_step(proc: subprocess.Popen[str], run: Path, step: int, timeout: float = 300) -> None:

@@ -3,15 +3,16 @@
 Usage: python startup_memory.py OUT_DIR TRAIN_FLAGS...  (under torchrun). Each rank runs
 ``prepare_run``, everything ``lerobot train`` does before its first step (model built,
 sharded, initial weights in place, optimizer made), and writes to ``OUT_DIR/result<N>.json``
-its peak resident memory before and after, and the bytes of the whole model. The peak
-(``ru_maxrss``) is the kernel's count, so a full copy of the model held for any moment
-during start-up shows in it.
+its resident memory before and its peak after, and the bytes of the whole model. The peak
+(``VmHWM``, reset to the resident set just before ``prepare_run`` through
+``/proc/self/clear_refs``) is the kernel's count, so a full copy of the model held for any
+moment during start-up shows in it, and nothing allocated and freed before it (imports,
+process-group set-up) hides it.
 """
 
 from __future__ import annotations
 
 import json
-import resource
 import sys
 from pathlib import Path
 
@@ -23,7 +24,14 @@ from lerobot_kit.core.run.prepare import prepare_run, setup_logging
 
 
 def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024  # kB
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def reset_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := the resident set now
 
 
 def main() -> None:
@@ -31,6 +39,7 @@ def main() -> None:
     config = parse_train_config(args)
     ctx = init_distributed(120)
     setup_logging(ctx.is_main)
+    reset_peak()
     before = peak_rss_bytes()
     prepared = prepare_run(config, ctx)
     after = peak_rss_bytes()
