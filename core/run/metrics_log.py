@@ -3,7 +3,7 @@
 A resumed or restarted run replays the steps after its checkpoint, and ``--resume_from``
 abandons later ones; appending alone would leave the file with two rows for those steps,
 the abandoned path's and the new one's. So a run that starts from step N first drops the
-rows after N (rewriting the file atomically): the file then reads as one uninterrupted run.
+rows after N: the file then reads as one uninterrupted run.
 """
 
 from __future__ import annotations
@@ -27,19 +27,25 @@ def append_row(output_dir: Path, row: dict[str, Any]) -> None:
 
 
 def drop_rows_after(output_dir: Path, step: int) -> None:
-    """Main process only, before the first step of a run that starts at ``step``. A line
-    that does not parse (a crash mid-write) is dropped with the rows after ``step``."""
+    """Main process only, before the first step of a run that starts at ``step``.
+
+    Rows are appended in step order, so the rows to drop are the file's tail, from the
+    first row after ``step`` (or the first line that does not parse: a crash mid-write);
+    the file is cut there in place, keeping it the same file for anyone following it.
+    """
     path = metrics_path(output_dir)
     if not path.is_file():
         return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("step"), (int, float)) and row["step"] <= step:
-            kept.append(line)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(f"{line}\n" for line in kept))
-    os.replace(tmp, path)
+    offset = 0
+    with path.open("rb") as handle:
+        for line in handle:
+            try:
+                row = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                break
+            if not isinstance(row, dict) or not isinstance(row.get("step"), (int, float)) or row["step"] > step:
+                break
+            offset += len(line)
+        else:
+            return
+    os.truncate(path, offset)

@@ -17,8 +17,10 @@ def test_a_run_starting_at_a_step_drops_the_rows_after_it(tmp_path: Path) -> Non
         append_row(tmp_path, {"step": step, "loss": 1.0 / step})
     with metrics_path(tmp_path).open("a") as handle:
         handle.write('{"step": 5')  # a crash in the middle of a write
+    inode = metrics_path(tmp_path).stat().st_ino
     drop_rows_after(tmp_path, 20)
     assert steps(tmp_path) == [10, 20, 20]
+    assert metrics_path(tmp_path).stat().st_ino == inode  # cut in place: a reader following the file keeps it
     append_row(tmp_path, {"step": 30, "loss": 0.5})
     assert steps(tmp_path) == [10, 20, 20, 30]
 
