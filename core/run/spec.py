@@ -143,6 +143,16 @@ def _output_and_resume(config: TrainConfig, restarts: Restarts) -> tuple[Path, P
     return output_dir, None, None
 
 
+def _run_folder(config: TrainConfig, given: Path | None, none_given: str) -> Path:
+    """The folder of the run to continue: the one holding the step folder ``--config_path``
+    names (``given``), else ``--output_dir``; ``none_given`` is the error when neither is set."""
+    if given is not None:
+        return given.parent.parent
+    if config.output_dir is not None:
+        return Path(config.output_dir)
+    raise ConfigError(none_given)
+
+
 def _continue_run(config: TrainConfig, restarts: Restarts) -> tuple[Path, Path | None, str]:
     """``--resume=auto`` or a restart: the run's folder, and its ``last`` checkpoint if any."""
     why = f"restart {restarts.count} of this run" if restarts.count >= 1 else "--resume=auto"
@@ -170,15 +180,12 @@ def _resume_requested(config: TrainConfig) -> tuple[Path, Path, str]:
     so it is refused unless ``--resume_from`` says so (the run then removes them first).
     """
     given = _step_dir_of(config.config_path)
-    if given is not None:
-        output_dir = given.parent.parent
-    elif config.output_dir is not None:
-        output_dir = Path(config.output_dir)
-    else:
-        raise ConfigError(
-            "--resume=true needs a run to resume: pass --config_path=<output_dir>/checkpoints/last/"
-            "pretrained_model/train_config.json (or --output_dir of the run)"
-        )
+    output_dir = _run_folder(
+        config,
+        given,
+        "--resume=true needs a run to resume: pass --config_path=<output_dir>/checkpoints/last/"
+        "pretrained_model/train_config.json (or --output_dir of the run)",
+    )
     steps = resumable_steps(output_dir)
     missing = ""
     if config.resume_from is not None:
