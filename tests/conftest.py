@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,17 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
     return subprocess.run(
         [script(command), *args], capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd
     )
+
+
+@contextlib.contextmanager
+def tmpfs(mount: Path, options: str) -> Iterator[Path]:
+    """A real tmpfs mounted at ``mount`` with ``options`` (tests run as root), unmounted afterwards."""
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
 @pytest.fixture

@@ -3,12 +3,11 @@ one line naming the path and the fix, exit code 2, no traceback, nothing written
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, tmpfs
 from lerobot_kit.core.errors import ConfigError
 from lerobot_kit.core.run.output_dir import check_writable
 
@@ -18,11 +17,8 @@ RUN = ["--dataset.num_episodes=2", "--dataset.episode_length=20", "--steps=1"]
 @pytest.fixture
 def read_only_mount(tmp_path):
     """A real read-only file system (tests run as root, and root ignores chmod); unmounted afterwards."""
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(mount)], check=True)
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=True)
+    with tmpfs(tmp_path / "ro", "size=1m,ro") as mount:
+        yield mount
 
 
 def refused(tmp_path: Path, *args: str) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from _dist_util import describe, start_ranks, wait_ranks
-from conftest import launch_env, run_cli, script
+from conftest import launch_env, run_cli, script, tmpfs
 
 # 1.87 M parameters: 7.5 MB of weights.
 MODEL = ["--policy.dim_model=128", "--policy.dim_feedforward=512", "--policy.n_encoder_layers=6"]
@@ -32,11 +32,8 @@ RUN = [*MODEL, "--dataset.num_episodes=2", "--dataset.episode_length=20", "--bat
 @pytest.fixture
 def small_disk(tmp_path):
     """A 40 MB tmpfs, unmounted afterwards."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mount)], check=True)
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=True)
+    with tmpfs(tmp_path / "disk", "size=40m") as mount:
+        yield mount
 
 
 def assert_clean_refusal(run: Path, output: str) -> None:
