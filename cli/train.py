@@ -41,7 +41,29 @@ def run_train(args: list[str]) -> None:
                     f"a collective operation failed, so another process died or hung ({first_line(exc)}); "
                     "see the first failing rank's log above. --parallelism.timeout_s bounds the wait"
                 ) from exc
+            compile_error = _compile_failure(exc)
+            if compile_error is not None:
+                raise LerobotError(
+                    f"torch.compile failed while compiling the model ({compile_error}); the error is inside torch "
+                    "or its compiler toolchain, not in the run's settings: train without "
+                    "--accelerator.compile=true, or with another torch version (TORCHDYNAMO_VERBOSE=1 prints "
+                    "torch's full report)"
+                ) from exc
             raise
+
+
+def _compile_failure(exc: BaseException) -> str | None:
+    """The inner error of a failure inside torch.compile's tracer or compiler backend, else None.
+
+    torch wraps these in its own exception types whose first line says only which backend
+    raised; the error that explains it is the wrapped one.
+    """
+    from torch._dynamo.exc import TorchDynamoException
+
+    if not isinstance(exc, TorchDynamoException):
+        return None
+    inner = getattr(exc, "inner_exception", None) or exc
+    return f"{type(inner).__name__}: {first_line(inner)}"
 
 
 def _collective_failure(exc: BaseException) -> bool:

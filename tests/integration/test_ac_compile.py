@@ -103,3 +103,21 @@ def test_compile_without_a_cxx_compiler_is_one_line(tmp_path: Path) -> None:
         "error: --accelerator.compile=true on CPU needs a C++ compiler (g++ or $CXX) to build the compiled kernels, "
         "and none runs here: install one, or drop the flag"
     ], result.stderr[-2000:]
+
+
+def test_a_failure_inside_torch_compile_is_one_line(tmp_path: Path) -> None:
+    """A compiler that passes inductor's probe but fails every build: the error raised
+    inside torch.compile during the first step becomes one line, not torch's traceback."""
+    compiler = tmp_path / "g++"
+    compiler.write_text('#!/bin/sh\ncase " $* " in *" -o "*) echo "refusing to build" >&2; exit 1;; esac\n'
+                        'exec g++ "$@"\n')
+    compiler.chmod(0o755)
+    env = {"CXX": str(compiler), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    result = run_cli("train", f"--output_dir={tmp_path / 'x'}", *PARITY_ACT, "--steps=1", COMPILE,
+                     env=launch_env(tmp_path, env), timeout=COMPILE_TIMEOUT)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(
+        "error: torch.compile failed while compiling the model (CppCompileError: "), result.stderr[-2000:]
+    assert not (tmp_path / "x" / "checkpoints").exists()
