@@ -47,6 +47,22 @@ ACT_TOY = ["--policy.dim_model=32", "--policy.n_heads=2", "--policy.dim_feedforw
 BF16 = "--accelerator.mixed_precision=bf16"
 AC = "--accelerator.activation_checkpointing=true"
 COMPILE = "--accelerator.compile=true"
+WORKERS_12 = "--num_workers=12"
+# (name, batch, flags): batch 8 with the default workers, as LeRobot trains ACT; batch 64
+# with more workers, to see how far one GPU goes.
+SETTINGS = [
+    ("fp32", 8, []),
+    ("bf16", 8, [BF16]),
+    ("bf16 + activation checkpointing", 8, [BF16, AC]),
+    ("fp16 (loss scaler)", 8, ["--accelerator.mixed_precision=fp16"]),
+    ("bf16 + compile", 8, [BF16, COMPILE]),
+    ("bf16 + activation checkpointing + compile", 8, [BF16, AC, COMPILE]),
+    ("bf16 + activation checkpointing + compile, dropout 0", 8, [BF16, AC, COMPILE, "--policy.dropout=0"]),
+    ("fp32, 12 workers", 64, [WORKERS_12]),
+    ("bf16, 12 workers", 64, [BF16, WORKERS_12]),
+    ("bf16 + activation checkpointing, 12 workers", 64, [BF16, AC, WORKERS_12]),
+    ("bf16 + compile, 12 workers", 64, [BF16, COMPILE, WORKERS_12]),
+]
 # Dense bf16 tensor-core peak of the GPU (NVIDIA's data sheets), for MFU.
 PEAK_BF16_FLOPS = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12}
 
@@ -191,6 +207,20 @@ def functional_checks(report: Report, work: Path, smoke: bool) -> None:
     restart_checks(report, work, lerobot, smoke)
 
 
+def fp16_check(report: Report, work: Path, smoke: bool) -> None:
+    """fp16 autocast with the loss scaler on the default reach job: the scaler skips the
+    overflowing first steps and backs off, then the loss falls."""
+    out = work / "fp16"
+    steps = 40 if smoke else 300
+    code, tail = run([*lerobot_command(), "train", "--accelerator.mixed_precision=fp16", f"--steps={steps}",
+                      f"--log_freq={steps // 4}", "--save_freq=100000", f"--output_dir={out}"], work / "fp16.log", 300)
+    rows = metrics(out)
+    falls = bool(rows) and rows[-1]["loss"] < rows[0]["loss"] * 0.5
+    report.check("fp16 with the loss scaler, default reach job", code == 0 and falls,
+                 f"exit {code}, loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}" if rows else f"exit {code}",
+                 log=tail)
+
+
 def restart_checks(report: Report, work: Path, lerobot: list[str], smoke: bool) -> None:
     """A process SIGKILLed in backward under ``torchrun --max-restarts=1`` continues from its
     last checkpoint; its final weights are compared with a run never interrupted (CUDA
@@ -260,22 +290,14 @@ def step_flops(flags: list[str], work: Path) -> float:
     return flops
 
 
-def speed_matrix(report: Report, work: Path, smoke: bool) -> None:
+def speed_matrix(report: Report, work: Path, smoke: bool, select: list[str]) -> None:
     import torch
 
     dataset = video_dataset(work, smoke)
     model = ACT_TOY if smoke else ACT_LEROBOT
     data = [f"--dataset.repo_id=bench/video", f"--dataset.root={dataset}", "--save_checkpoint=false"]
     steps, log_freq = (12, 4) if smoke else (90, 30)
-    settings = [
-        ("fp32", 8, []),
-        ("bf16", 8, [BF16]),
-        ("bf16 + activation checkpointing", 8, [BF16, AC]),
-        ("fp16 (loss scaler)", 8, ["--accelerator.mixed_precision=fp16"]),
-        ("bf16 + compile", 8, [BF16, COMPILE]),
-        ("bf16 + activation checkpointing + compile", 8, [BF16, AC, COMPILE]),
-        ("bf16, 12 workers", 64, [BF16, "--num_workers=12"]),
-    ]
+    settings = [(name, batch, extra) for name, batch, extra in SETTINGS if not select or name in select]
     flops: dict[int, float] = {}
     for batch in sorted({b for _, b, _ in settings}):
         flops[batch] = step_flops([*model, *data, f"--batch_size={batch}"], work)
@@ -330,7 +352,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--smoke", action="store_true")
-    parser.add_argument("--only", choices=["checks", "speed"], default=None)
+    parser.add_argument("--only", choices=["checks", "fp16", "speed"], default=None)
+    parser.add_argument("--select", action="append", default=[], help="a SETTINGS name to measure (repeatable)")
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="lerobot_gpu_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -339,8 +362,10 @@ def main() -> None:
     report.write()
     if args.only in (None, "checks"):
         functional_checks(report, work, args.smoke)
+    if args.only in (None, "fp16"):
+        fp16_check(report, work, args.smoke)
     if args.only in (None, "speed"):
-        speed_matrix(report, work, args.smoke)
+        speed_matrix(report, work, args.smoke, args.select)
     failed = [c["check"] for c in report.data["checks"] if not c["ok"]] + [
         r["setting"] for r in report.data["speed"] if "error" in r]
     print(markdown(report.data))
