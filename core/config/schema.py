@@ -253,7 +253,8 @@ class TrainConfig(Section):
     batch_size: int = Field(8, ge=1, description="Micro-batch per data-parallel worker.")
     num_workers: int | None = Field(
         None, ge=0, description="DataLoader worker processes per rank (default: the rank's share of CPU cores - 1, "
-        "at most 4; 0 loads in the training process)."
+        "at most 4, for data read from files; 0 for data held in memory, such as the reach task; 0 loads in the "
+        "training process)."
     )
     log_freq: int = Field(100, ge=1, description="Log every N steps.")
     save_checkpoint: bool = Field(True, description="Write checkpoints.")

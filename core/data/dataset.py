@@ -181,6 +181,10 @@ class PolicyDataset:
     """
 
     meta: DatasetMeta
+    # Whether an item is read or decoded when asked for (files, video). Only then do
+    # DataLoader workers pay off: for items already in memory a worker adds nothing but
+    # the copy of each batch between processes, so ``--num_workers`` defaults to 0.
+    reads_on_demand: bool = True
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -207,6 +211,8 @@ class InMemoryDataset(PolicyDataset):
     per frame: float32 features as ``[N, *shape]``, images as uint8 ``[N, 3, H, W]`` (4x
     smaller than float; scaled to [0,1] per item).
     """
+
+    reads_on_demand = False
 
     def __init__(
         self,

@@ -7,7 +7,8 @@ and the benchmarks call it):
   sliced per data-parallel rank; ``--dataset.sampler.type=episode_blocks`` decodes runs
   of consecutive frames and mixes them through a bounded buffer (``core.data.blocks``).
 - Workers: ``--num_workers`` (default: automatic, ``cpus per rank - 1``, at most
-  ``MAX_AUTO_WORKERS``, so 0 on one core), persistent, ``PREFETCH_BATCHES`` batches
+  ``MAX_AUTO_WORKERS``, so 0 on one core; 0 for a dataset held in memory, whose items
+  cost less than a batch's trip between processes), persistent, ``PREFETCH_BATCHES`` batches
   ahead each, pinned memory when training on CUDA. Camera frames leave the workers as
   uint8, as stored (unless augmented, which works in float): converting and collating
   float frames cost a worker more than decoding them. The main process converts them to
@@ -291,7 +292,9 @@ def build_loader(
     device: torch.device,
 ) -> TrainingLoader:
     """The rank's batches from ``start`` on, as ``config`` asks."""
-    workers = config.num_workers if config.num_workers is not None else auto_num_workers(dp_world_size)
+    workers = config.num_workers
+    if workers is None:
+        workers = auto_num_workers(dp_world_size) if dataset.reads_on_demand else 0
     sampler = ResumableBatchSampler(
         len(dataset), config.batch_size, dp_world_size, dp_rank, config.seed, start=start
     )

@@ -114,6 +114,16 @@ def test_automatic_workers_leave_each_rank_its_core(monkeypatch: pytest.MonkeyPa
     assert auto_num_workers(world_size=1, cpus=cpus) == expected
 
 
+def test_workers_default_to_none_for_data_held_in_memory_and_to_automatic_for_files(tmp_path: Path) -> None:
+    """The reach data is generated into memory: a worker would only copy its batches
+    between processes. A LeRobot dataset decodes per item: it gets the automatic count."""
+    in_memory, _ = batches(["--batch_size=4"], 1)
+    assert in_memory.num_workers == 0
+    write_lerobot_dataset(tmp_path, LENGTHS, video=True)
+    from_files, _ = batches(video_flags(tmp_path), 1)
+    assert from_files.num_workers == auto_num_workers(world_size=1)
+
+
 class GlobalRandom:
     """A plugin dataset that draws from the worker's global RNGs."""
 
