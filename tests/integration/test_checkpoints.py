@@ -27,7 +27,7 @@ from _dist_util import describe, start_ranks
 from checkpoint_state import assert_same_state, crashed_copy, full_optimizer, losses
 from conftest import PARITY_ACT, TINY_ACT, launch_env, run_cli, script, torchrun_train
 from inotify_watch import IN_CREATE, IN_MODIFY, IN_MOVED_FROM, IN_OPEN, Watch
-from lerobot_kit.core.checkpoint.manifest import write_manifest
+from lerobot_kit.core.checkpoint.manifest import read_manifest, saved_files, verify_manifest, write_manifest
 from lerobot_kit.core.checkpoint.training_state import load_full_optimizer
 
 PROBE = Path(__file__).resolve().parents[1] / "probes" / "restore_probe.py"
@@ -348,3 +348,7 @@ def test_async_checkpoints_publish_in_order_one_at_a_time(tmp_path, straight_fsd
     assert (run / "checkpoints/last").resolve().name == "000006"
     assert losses(run, after=3) == losses(straight_fsdp2, after=3)
     assert_same_state(straight_fsdp2 / "checkpoints/000006", run / "checkpoints/000006", tmp_path)
+    for step in published:  # written in the background by both ranks: every file is in the manifest and matches
+        step_dir = run / "checkpoints" / step
+        assert sorted(read_manifest(step_dir)) == saved_files(step_dir)
+        assert verify_manifest(step_dir) == []
