@@ -4,11 +4,11 @@ The input is the FSDP(2) ``dcp`` checkpoint of the ``checkpoints`` benchmark (>=
 parameters). Alternating five times (A B B A A ...), this benchmark (a) writes a file of
 the same size to the same folder in 16 MiB blocks and fsyncs it — the disk's sequential
 write speed now — and (b) runs the real console command ``lerobot convert-dcp
---overwrite=true`` whose own report gives bytes and seconds (the shards checked against
-``checksums.json``, write with the output's sha256, fsync, rename, the manifest
-updated). The disk's speed on a shared machine swings several-fold from one write to
-the next, so the row is the median of the five per-pair ratios, with their range.
-The goal is at least half the disk's speed.
+--overwrite=true`` whose own report gives bytes and seconds (the shards hashed against
+``checksums.json`` by a thread beside the write, write with the output's sha256, fsync,
+rename, the manifest updated). The disk's speed on a shared machine swings several-fold
+from one write to the next, so the row is the median of the five per-pair ratios, with
+their range. The goal is at least half the disk's speed.
 
 Memory: the command's peak RSS (its ``VmHWM``, sampled) minus the peak RSS of an
 interpreter that merely imports the command's modules, against the largest tensor in
@@ -84,7 +84,7 @@ def run(ctx: Context) -> Result:
         "throughput vs disk sequential write (fsync)", stats["ours"] / 1e6, stats["reference"] / 1e6, "MB/s",
         stats["ratio"], SPEED_GOAL, judge(stats["ratio"], SPEED_GOAL),
         f"{total / 1e6:.0f} MB; median of {stats['pairs']} pairs, ratio {stats['ratio_min']:.2f}-"
-        f"{stats['ratio_max']:.2f}; shards checked against checksums.json, write + sha256 + fsync, "
+        f"{stats['ratio_max']:.2f}; shards hashed against checksums.json beside write + sha256 + fsync, "
         "by the command's clock",
     ))
     result.rows.append(Row(

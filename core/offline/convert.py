@@ -6,14 +6,23 @@ is computed up front from the DCP metadata — the ``safetensors`` package only 
 whole dict at once, which would cost the full model in RAM. Peak memory is one chunk for
 FSDP's row shards (one tensor plus one chunk for any other split).
 
-Nothing is written from shards that are not what was saved: when the step folder has a
-``checksums.json``, the shard files (and ``config.json``) are compared with it first, in
-one sequential pass that also brings them into the page cache for the conversion; and
-when the policy declares its weight shapes (``WeightShapes``), shards of other shapes
-than ``config.json``'s model are refused.
+Nothing is published from shards that are not what was saved. When the step folder has
+a ``checksums.json``, the small files the checks before the conversion rely on
+(``config.json``, the shards' ``.metadata``) are compared with it first. The shard files
+are hashed by a background thread while the conversion reads them, not in a full pass of
+their own before it: file reads and sha256 release the GIL, so where a second core is
+free the hashing runs beside the decoding and writing instead of ahead of them. (A
+recorded digest covers a whole file, and the conversion reads tensors in the output's
+order, not the files', so it cannot hash the shards as it reads them.) The output is
+renamed into place only after every shard was found as recorded; a shard that differs
+is the error reported, even when the conversion failed on it first. When the policy
+declares its weight shapes (``WeightShapes``), shards of other shapes than
+``config.json``'s model are refused.
 
 The output is written under a temporary name, its sha256 taken from the bytes handed to
-the disk, and fsynced. With a manifest, that digest is recorded in ``checksums.json``
+the disk, and fsynced; the kernel is asked to start writing it out every 16 MiB, so the
+disk works while later tensors are decoded instead of in one final fsync that waits for
+the whole file. With a manifest, that digest is recorded in ``checksums.json``
 (every later reader — ``inspect-checkpoint``, a resume — checks the disk against it) and
 the written header is read back; without one, the file is dropped from the page cache
 and read back in full against the digest. Only then is it renamed into place; shards
@@ -41,8 +50,10 @@ import math
 import os
 import shutil
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,7 +70,9 @@ from lerobot_kit.core.checkpoint.training_step import rewrite_weights_kind
 from lerobot_kit.core.offline.safetensors_header import METADATA_KEY, read_safetensors_header, tensors
 from lerobot_kit.core.checkpoint.paths import (
     DATASET_META,
+    DCP_METADATA,
     DCP_MODEL_DIR,
+    MANIFEST,
     POLICY_CONFIG,
     PRETRAINED_DIR,
     TMP_SUFFIX,
@@ -147,6 +160,9 @@ class ConvertResult:
 _VERIFY_BLOCK = 8 << 20
 """Bytes read back per ``readinto`` while verifying."""
 
+_WRITEBACK_BLOCK = 16 << 20
+"""Bytes of output written before the kernel is asked to start writing them to the disk."""
+
 Progress = Callable[[str, int, int], None]
 """``(phase, bytes_done, bytes_total)``; phase is "write" or "verify"."""
 
@@ -191,17 +207,17 @@ def convert_dcp(
     metadata = dcp_metadata.read_dcp_metadata(dcp_dir)
     entries = _entries(dcp_dir, metadata)
     step_dir = pretrained.parent
-    recorded = _verified_manifest(step_dir) if pretrained.name == PRETRAINED_DIR else None
-    if not stored.adapter:
-        _check_shapes(pretrained, entries)
+    recorded = _manifest_checked_before_reading(step_dir) if pretrained.name == PRETRAINED_DIR else None
     tmp = output.with_name(output.name + TMP_SUFFIX)
     try:
-        header = _header(entries)
-        with ChunkReader(dcp_dir, metadata) as reader:
-            digest = _write(tmp, header, entries, reader, progress)
-        _check_header(tmp, entries)
-        if recorded is None:
-            _read_back(tmp, digest, progress)
+        with _ShardCheck(step_dir) if recorded is not None else nullcontext():
+            if not stored.adapter:
+                _check_shapes(pretrained, entries)
+            with ChunkReader(dcp_dir, metadata) as reader:
+                digest = _write(tmp, _header(entries), entries, reader, progress)
+            _check_header(tmp, entries)
+            if recorded is None:
+                _read_back(tmp, digest, progress)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -261,7 +277,7 @@ def _write(
     """
     total = sum(e.nbytes for e in entries)
     digest = hashlib.sha256(header)
-    done = 0
+    done = writeback_from = 0
     with tmp.open("wb", buffering=0) as file:
         _write_all(file, memoryview(header))
         for e in entries:
@@ -271,6 +287,7 @@ def _write(
                 _write_all(file, data)
                 del piece, data
             done += e.nbytes
+            writeback_from = _start_writeback(file.fileno(), writeback_from, len(header) + done)
             if progress:
                 progress("write", done, total)
         os.fsync(file.fileno())
@@ -307,19 +324,68 @@ def _read_back(tmp: Path, written: manifest.FileDigest, progress: Progress | Non
         raise CheckpointError(f"{tmp}: reads back different from the shards; disk or memory fault?")
 
 
-def _verified_manifest(step_dir: Path) -> dict[str, manifest.FileDigest] | None:
-    """The step folder's recorded digests after checking the shards and ``config.json``
-    against them; None when it has no ``checksums.json``."""
+def _manifest_checked_before_reading(step_dir: Path) -> dict[str, manifest.FileDigest] | None:
+    """The step folder's recorded digests after checking the small files the shape check
+    relies on (``config.json``, the shards' ``.metadata``) against them; None when it has
+    no ``checksums.json``."""
     if not manifest.has_manifest(step_dir):
         return None
     recorded = manifest.read_manifest(step_dir)
-    problems = manifest.verify_manifest(
-        step_dir, only=[f"{PRETRAINED_DIR}/{DCP_MODEL_DIR}", f"{PRETRAINED_DIR}/{POLICY_CONFIG}"]
+    _refuse_damage(
+        manifest.verify_manifest(
+            step_dir, only=[f"{PRETRAINED_DIR}/{POLICY_CONFIG}", f"{PRETRAINED_DIR}/{DCP_MODEL_DIR}/{DCP_METADATA}"]
+        )
     )
+    return recorded
+
+
+def _refuse_damage(problems: list[str]) -> None:
     if problems:
         more = f" (and {len(problems) - 1} more files)" if len(problems) > 1 else ""
         raise CheckpointError(f"damaged checkpoint, not converting: {problems[0]}{more}")
-    return recorded
+
+
+class _ShardCheck:
+    """The shard files compared with ``checksums.json`` in a background thread while the
+    conversion reads them, instead of in a full read of their own before it.
+
+    File reads and sha256 of large buffers release the GIL, so the hashing runs on a free
+    core beside the conversion's decoding and writing. Leaving the block waits for the
+    verdict, so the output is renamed into place only from shards that matched; when the
+    conversion itself failed, a shard that differs is the error reported (it explains the
+    failure). An interrupt (not an ``Exception``) does not wait: the daemon thread only
+    reads, and finishes on its own or dies with the process.
+    """
+
+    def __init__(self, step_dir: Path) -> None:
+        self._problems: list[str] = []
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(step_dir,), name="convert-dcp-checksums", daemon=True)
+
+    def __enter__(self) -> _ShardCheck:
+        self._thread.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc is None or isinstance(exc, Exception):
+            self._verdict()
+
+    def _run(self, step_dir: Path) -> None:
+        try:
+            self._problems = manifest.verify_manifest(step_dir, only=[f"{PRETRAINED_DIR}/{DCP_MODEL_DIR}"])
+        except BaseException as exc:  # handed to the main thread by _verdict
+            self._failure = exc
+
+    def _verdict(self) -> None:
+        """Wait for the thread; raise its finding as the one-line error of a damaged checkpoint."""
+        self._thread.join()
+        if self._failure is not None:
+            first_line = next(iter(str(self._failure).splitlines()), "")
+            raise CheckpointError(
+                f"damaged checkpoint, not converting: checking the shards against {MANIFEST} failed "
+                f"({type(self._failure).__name__}: {first_line})"
+            ) from self._failure
+        _refuse_damage(self._problems)
 
 
 def _check_shapes(pretrained: Path, entries: list[_Entry]) -> None:
@@ -376,6 +442,24 @@ def _drop_cached_pages(fd: int) -> None:
     advise = getattr(os, "posix_fadvise", None)
     if advise is not None:
         advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def _start_writeback(fd: int, start: int, end: int) -> int:
+    """Have the kernel start writing ``[start, end)`` of ``fd`` to the disk now, once that
+    span reaches ``_WRITEBACK_BLOCK``; returns where the next span starts.
+
+    Without it the whole file waits in the page cache (far below the kernel's own flushing
+    threshold) until the final fsync, which then writes it all while nothing else happens;
+    this way the disk writes while later tensors are decoded and hashed. On Linux
+    ``POSIX_FADV_DONTNEED`` starts writeback of a range's dirty pages and drops only pages
+    already on the disk, so the pages just written mostly stay cached. Advisory: a no-op
+    where the platform lacks it.
+    """
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None or end - start < _WRITEBACK_BLOCK:
+        return start
+    advise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
+    return end
 
 
 def _write_all(file: Any, data: memoryview) -> None:

@@ -67,6 +67,8 @@ def refused_and_untouched(step_dir: Path, *fragments: str, cli: bool = False) ->
     console script when ``cli``, else the function (no torch start-up to pay)."""
     pretrained = step_dir / L.PRETRAINED_DIR
     before = (pretrained / L.MODEL_WEIGHTS).read_bytes()
+    shards_before = {p.name: p.read_bytes() for p in (pretrained / L.DCP_MODEL_DIR).iterdir()}
+    manifest_before = (step_dir / L.MANIFEST).read_bytes()
     if cli:
         code, lines = convert(step_dir)
         assert code == 1 and len(lines) == 1, lines
@@ -79,6 +81,8 @@ def refused_and_untouched(step_dir: Path, *fragments: str, cli: bool = False) ->
     assert all(f in message for f in fragments), message
     assert (pretrained / L.MODEL_WEIGHTS).read_bytes() == before
     assert not list(pretrained.glob(f"*{L.TMP_SUFFIX}"))
+    assert {p.name: p.read_bytes() for p in (pretrained / L.DCP_MODEL_DIR).iterdir()} == shards_before
+    assert (step_dir / L.MANIFEST).read_bytes() == manifest_before
 
 
 def flip_byte(path: Path, offset: int) -> None:
@@ -181,6 +185,40 @@ def test_a_flipped_byte_in_a_dcp_shard_is_found_and_not_converted(step_dir: Path
     assert code == 1 and any(line.startswith(f"error: {rel}: sha256 differs") for line in errors), errors
     assert "loadable with --policy.path: yes (" in out  # model.safetensors, not the shards, is what loads
     refused_and_untouched(step_dir, f"{step_dir / rel}: sha256 differs", "not converting")
+
+
+def test_a_flipped_byte_late_in_a_shard_is_refused_after_the_write(step_dir: Path) -> None:
+    """The shards are hashed beside the conversion, not before it: a byte near the end of a
+    shard file, read last, still keeps the written file from being put in place."""
+    shards = step_dir / L.PRETRAINED_DIR / L.DCP_MODEL_DIR
+    records = read_dcp_metadata(shards).storage_data.values()
+    last = max((info for info in records if info.length > 4096), key=lambda info: info.offset)
+    flip_byte(shards / last.relative_path, last.offset + last.length // 2)  # in its tensor's bytes: it decodes
+    refused_and_untouched(step_dir, f"{shards / last.relative_path}: sha256 differs", "not converting", cli=True)
+
+
+def test_a_shard_the_conversion_cannot_decode_is_reported_as_differing(step_dir: Path) -> None:
+    """When the damage also breaks decoding, the checksum finding (the cause) is the error."""
+    shards = step_dir / L.PRETRAINED_DIR / L.DCP_MODEL_DIR
+    first = min(read_dcp_metadata(shards).storage_data.values(), key=lambda info: info.offset)
+    data = bytearray((shards / first.relative_path).read_bytes())
+    data[first.offset : first.offset + 64] = bytes(64)  # the record's zip header
+    (shards / first.relative_path).write_bytes(bytes(data))
+    refused_and_untouched(step_dir, f"{shards / first.relative_path}: sha256 differs", "not converting")
+
+
+def test_a_failure_while_hashing_the_shards_is_one_line(step_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lerobot_kit.core.checkpoint import manifest
+
+    hash_file = manifest.file_digest
+
+    def failing(path: Path) -> manifest.FileDigest:
+        if path.suffix == ".distcp":
+            raise RuntimeError("simulated fault\nwith a second line")
+        return hash_file(path)
+
+    monkeypatch.setattr(manifest, "file_digest", failing)
+    refused_and_untouched(step_dir, "checking the shards against checksums.json failed (RuntimeError: simulated fault)")
 
 
 # --- a conversion keeps the manifest true -------------------------------------------------------
