@@ -80,7 +80,7 @@ from lerobot_kit.core.checkpoint.paths import (
     TRAINING_STEP,
     find_step_dir,
 )
-from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.core.errors import CheckpointError, first_line
 
 # torch dtype -> safetensors dtype tag. Optional dtypes are looked up by name so an
 # older torch without them still imports this module.
@@ -380,10 +380,9 @@ class _ShardCheck:
         """Wait for the thread; raise its finding as the one-line error of a damaged checkpoint."""
         self._thread.join()
         if self._failure is not None:
-            first_line = next(iter(str(self._failure).splitlines()), "")
             raise CheckpointError(
                 f"damaged checkpoint, not converting: checking the shards against {MANIFEST} failed "
-                f"({type(self._failure).__name__}: {first_line})"
+                f"({type(self._failure).__name__}: {first_line(self._failure)})"
             ) from self._failure
         _refuse_damage(self._problems)
 
