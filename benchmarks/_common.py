@@ -132,6 +132,12 @@ def rss_peak() -> int:
 # ----------------------------------------------------------------------------- processes
 
 
+def logged_rows(output_dir: Path) -> list[dict[str, Any]]:
+    """The rows ``lerobot train`` logged to ``<output_dir>/logs/metrics.jsonl`` (none when it has no file)."""
+    path = output_dir / "logs" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
 def console_script(name: str) -> str:
     """The installed console script next to this interpreter (the venv's), else on PATH."""
     beside = Path(sys.executable).parent / name

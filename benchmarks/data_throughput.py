@@ -30,14 +30,13 @@ and the row says so. Without torchvision the row is left out.
 from __future__ import annotations
 
 import importlib.util
-import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Callable
 
-from _common import REPO, Context, Result, Row, alternate, clean_env, judge, paired, run_timed
+from _common import REPO, Context, Result, Row, alternate, clean_env, judge, logged_rows, paired, run_timed
 from data_video import video_dataset
 from loop_overhead import bare_loop
 
@@ -180,7 +179,7 @@ def _data_wait(ctx: Context, result: Result, root: Path) -> None:
             *policy, f"--batch_size={BATCH}", f"--steps={steps}", "--log_freq=1", "--save_checkpoint=false",
             f"--output_dir={out}"]
     run_timed(argv, clean_env(ctx.workdir), timeout=1800)
-    logged = [json.loads(line) for line in (out / "logs/metrics.jsonl").read_text().splitlines()][2:]
+    logged = logged_rows(out)[2:]
     wait = sum(m["data_s"] for m in logged)
     step = sum(BATCH / m["samples_per_s"] for m in logged)
     ratio = wait / step

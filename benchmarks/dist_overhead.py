@@ -12,12 +12,12 @@ CPU over gloo the cost says little about GPUs over NCCL.
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Any
 
-from _common import Context, Result, Row, clean_env, console_script, free_port, paired, rank_env, run_together
+from _common import (Context, Result, Row, clean_env, console_script, free_port, logged_rows, paired, rank_env,
+                     run_together)
 
 NAME = "dist_overhead"
 BATCH = 8
@@ -25,8 +25,7 @@ BATCH = 8
 
 def _step_time(output_dir: Path, samples_per_step: int) -> float:
     """Mean seconds per step over the log windows after the first."""
-    lines = (output_dir / "logs" / "metrics.jsonl").read_text().splitlines()
-    windows = [json.loads(line)["samples_per_s"] for line in lines][1:]
+    windows = [row["samples_per_s"] for row in logged_rows(output_dir)][1:]
     return statistics.mean(samples_per_step / rate for rate in windows)
 
 

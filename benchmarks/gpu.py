@@ -28,7 +28,6 @@ import argparse
 import atexit
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from _common import REPO, console_script, logged_rows
+
 ACT_LEROBOT = ["--policy.dim_model=512", "--policy.n_heads=8", "--policy.dim_feedforward=3200",
                "--policy.n_encoder_layers=4", "--policy.n_decoder_layers=1", "--policy.n_vae_encoder_layers=4",
                "--policy.chunk_size=100", "--policy.n_action_steps=100", "--policy.dropout=0.1",
@@ -111,11 +111,6 @@ def markdown(data: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------- running lerobot
 
 
-def lerobot_command() -> list[str]:
-    found = shutil.which("lerobot") or str(Path(sys.executable).parent / "lerobot")
-    return [found]
-
-
 def run(args: list[str], log: Path, timeout: float, env: dict[str, str] | None = None) -> tuple[int, str]:
     """Run a command, its output to ``log``; the exit code and the log's tail."""
     with log.open("w") as handle:
@@ -129,10 +124,8 @@ def run(args: list[str], log: Path, timeout: float, env: dict[str, str] | None =
 
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "logs" / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [row for row in map(json.loads, path.read_text().splitlines()) if "loss" in row]
+    """The training rows of a run's log (evaluation rows have no loss)."""
+    return [row for row in logged_rows(run_dir) if "loss" in row]
 
 
 def train_in_process(argv: list[str], peak_file: str) -> None:
@@ -156,7 +149,7 @@ def train_in_process(argv: list[str], peak_file: str) -> None:
 
 def functional_checks(report: Report, work: Path, smoke: bool) -> None:
     """The product's CUDA paths on the embedded reach data, each through ``lerobot``."""
-    lerobot = lerobot_command()
+    lerobot = [console_script("lerobot")]
     steps = 60 if smoke else 400
     run_dir = work / "reach"
     base = [f"--output_dir={run_dir}", f"--log_freq={steps // 4}", f"--save_freq={steps // 2}"]
@@ -212,7 +205,7 @@ def fp16_check(report: Report, work: Path, smoke: bool) -> None:
     overflowing first steps and backs off, then the loss falls."""
     out = work / "fp16"
     steps = 40 if smoke else 300
-    code, tail = run([*lerobot_command(), "train", "--accelerator.mixed_precision=fp16", f"--steps={steps}",
+    code, tail = run([*[console_script("lerobot")], "train", "--accelerator.mixed_precision=fp16", f"--steps={steps}",
                       f"--log_freq={steps // 4}", "--save_freq=100000", f"--output_dir={out}"], work / "fp16.log", 300)
     rows = metrics(out)
     falls = bool(rows) and rows[-1]["loss"] < rows[0]["loss"] * 0.5
@@ -285,7 +278,8 @@ def step_flops(flags: list[str], work: Path) -> float:
         loss.backward()
     flops = float(counter.get_total_flops())
     del prepared, run_, batch
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     shutdown(ctx)
     return flops
 
@@ -295,7 +289,7 @@ def speed_matrix(report: Report, work: Path, smoke: bool, select: list[str]) -> 
 
     dataset = video_dataset(work, smoke)
     model = ACT_TOY if smoke else ACT_LEROBOT
-    data = [f"--dataset.repo_id=bench/video", f"--dataset.root={dataset}", "--save_checkpoint=false"]
+    data = ["--dataset.repo_id=bench/video", f"--dataset.root={dataset}", "--save_checkpoint=false"]
     steps, log_freq = (12, 4) if smoke else (90, 30)
     settings = [(name, batch, extra) for name, batch, extra in SETTINGS if not select or name in select]
     flops: dict[int, float] = {}
@@ -312,7 +306,8 @@ def speed_matrix(report: Report, work: Path, smoke: bool, select: list[str]) -> 
         started = time.perf_counter()
         code, tail = run([sys.executable, __file__, "_train", str(peak_file), *argv], work / f"speed{index}.log",
                          420, env)
-        rows = metrics(out_dir)[1:]  # the first window holds start-up and compilation
+        logged = metrics(out_dir)
+        rows = logged[1:]  # the first window holds start-up and compilation
         if code != 0 or not rows:
             report.speed({"setting": name, "batch": batch, "error": f"exit {code}", "log": tail})
             continue
@@ -324,7 +319,7 @@ def speed_matrix(report: Report, work: Path, smoke: bool, select: list[str]) -> 
             "data_share": sum(r["data_s"] for r in rows) / len(rows) / step_s,
             "peak_gpu_gb": gpu["allocated"] / 1e9, "reserved_gpu_gb": gpu["reserved"] / 1e9,
             "mfu": flops[batch] / step_s / peak if peak and torch.cuda.is_available() else None,
-            "loss_first_last": [metrics(out_dir)[0]["loss"], rows[-1]["loss"]],
+            "loss_first_last": [logged[0]["loss"], rows[-1]["loss"]],
             "wall_s": time.perf_counter() - started,
         })
 
