@@ -62,6 +62,12 @@ def is_peft_model(model: nn.Module) -> bool:
     return peft is not None and isinstance(model, peft.PeftModel)
 
 
+def unwrapped_policy(model: nn.Module) -> nn.Module:
+    """The policy itself under a PEFT wrapper, whose own methods (``loss_weight``) the
+    wrapper does not forward; ``model`` when it is not wrapped."""
+    return model.get_base_model() if is_peft_model(model) else model
+
+
 def check_request(config: TrainConfig) -> None:
     """Refuse an unusable PEFT request before any data or model is built."""
     method = config.peft.method_type

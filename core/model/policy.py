@@ -101,6 +101,20 @@ class Policy(nn.Module):
         """Training loss on a normalised batch, plus detached scalar metrics."""
         raise NotImplementedError
 
+    def loss_weight(self, batch: dict[str, Tensor]) -> Tensor | None:
+        """How many terms this batch's loss averages over, for a loss whose divisor depends
+        on the batch (a mean over the action entries that are not padding); ``None`` (the
+        default) for a plain mean, where every batch of the same size weighs the same.
+
+        Data-parallel workers each average over their own slice of the global batch. With a
+        weight, the trainer rescales every worker's loss by its share of the weight summed
+        over all workers, so the averaged gradient is the loss of one process on the whole
+        global batch: a masked mean over every worker's valid entries, not a mean of
+        per-worker masked means. Losses, gradients and a resume onto another number of
+        workers then do not depend on how the global batch was split.
+        """
+        return None
+
     def select_action(self, batch: dict[str, Tensor]) -> Tensor:
         """Next normalised action [B, action_dim] for normalised observations."""
         raise NotImplementedError

@@ -66,6 +66,24 @@ class Parallelized:
             for path in self.wrap.ignored_modules:
                 self.model.get_submodule(path).to(self.device)
 
+    def balance_loss(self, loss: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """``loss`` scaled by this rank's share of ``weight`` summed over every rank (see
+        ``Policy.loss_weight``): averaged over data-parallel ranks, as gradients are, the
+        scaled losses give the loss of one process on the whole global batch.
+
+        Summed over the whole world, not one data-parallel group: ranks that hold one
+        model replica (cp/tp) read the same samples, so each weight is counted once per
+        replica rank in the sum and once per replica rank in the world size. One scalar
+        all-reduce per micro-batch; a rank whose batch has no valid entry gets 0.
+        """
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return loss
+        weight = weight.detach().to(device=self.device, dtype=torch.float64).reshape(())
+        total = weight.clone()
+        dist.all_reduce(total)
+        share = weight * dist.get_world_size() / total.clamp_min(torch.finfo(torch.float64).tiny)
+        return loss * share.to(loss.dtype)
+
     def finish_grad_sync(self) -> None:
         """After the backward of a syncing step: average ignored modules' gradients over every
         data-parallel rank (FSDP does not reduce them). No-op when nothing is ignored."""

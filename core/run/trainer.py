@@ -22,6 +22,8 @@ from lerobot_kit.core.checkpoint.saver import CheckpointSaver
 from lerobot_kit.core.run.components import RunComponents
 from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
 from lerobot_kit.core.distributed.process_group import all_reduce_mean
+from lerobot_kit.core.model.peft import unwrapped_policy
+from lerobot_kit.core.model.policy import Policy
 from lerobot_kit.core.parallel.precision import autocast_dtype
 from lerobot_kit.core.run.guards import RunGuards
 from lerobot_kit.core.run.nonfinite import NonFiniteError, NonFiniteGuard, weights_finite
@@ -61,6 +63,9 @@ class Trainer:
         self.accumulation = config.accelerator.gradient_accumulation.steps
         self.amp_dtype = autocast_dtype(config.accelerator)
         self.global_batch = config.batch_size * run.dims.dp_world_size
+        policy = unwrapped_policy(run.parallel.model)
+        assert isinstance(policy, Policy), type(policy)
+        self.policy = policy
         self.saver = CheckpointSaver(run)
         self.guards = RunGuards(run)  # stop on signals, hang watchdog: around the loop, not in it
         # Non-finite loss or gradient norm: inside the step, between clipping and the update.
@@ -90,6 +95,9 @@ class Trainer:
         with contextlib.nullcontext() if sync else parallel.no_sync():
             with self._autocast():
                 loss, logs = parallel.module(batch)
+            weight = self.policy.loss_weight(batch)
+            if weight is not None:
+                loss = parallel.balance_loss(loss, weight)
             scaled = self.nonfinite.fold(loss, loss / self.accumulation)
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         grad_norm, applied = None, True

@@ -53,8 +53,13 @@ def train(
     scaler: Any = None,
     fixed_data: bool = False,
     on_grads: Callable[[int], None] | None = None,
+    masked: str | None = None,
 ) -> dict[str, list]:
-    """The trainer's loop in miniature: each rank takes its slice of the global batch."""
+    """The trainer's loop in miniature: each rank takes its slice of the global batch.
+
+    ``masked``: the loss is a mean over the rows not masked out, a different number on each
+    rank — ``"balanced"`` weights ranks by their valid rows (``Parallelized.balance_loss``,
+    as the trainer does for a policy's ``loss_weight``), ``"plain"`` does not."""
     opt = torch.optim.AdamW(p.model.parameters(), lr=1e-2)
     per_rank = batch * accum
     losses, norms, stepped, scales = [], [], [], []
@@ -66,7 +71,14 @@ def train(
         for micro in range(accum):
             rows = slice(micro * batch, (micro + 1) * batch)
             with nullcontext() if micro == accum - 1 else p.no_sync():
-                loss = F.mse_loss(p.module(x[rows]).float(), y[rows]) / accum
+                if masked is None:
+                    loss = F.mse_loss(p.module(x[rows]).float(), y[rows]) / accum
+                else:
+                    valid = valid_rows(step, per_rank * ctx.world_size)[ctx.rank * per_rank : (ctx.rank + 1) * per_rank]
+                    error = (p.module(x[rows]).float() - y[rows]).pow(2) * valid.unsqueeze(-1)
+                    loss = error.sum() / (valid.sum() * OUT)
+                    if masked == "balanced":
+                        loss = p.balance_loss(loss, valid.sum())
                 (scaler.scale(loss) if scaler else loss).backward()
             total += loss.item()
             if step == 0 and micro == 0 and accum > 1:  # what a no_sync micro-step leaves behind
@@ -92,6 +104,11 @@ def train(
         opt.zero_grad()
         losses.append(all_reduce_mean(ctx, {"loss": total})["loss"])
     return {"losses": losses, "norms": norms, "stepped": stepped, "scales": scales, "unsynced": unsynced}
+
+
+def valid_rows(step: int, n: int) -> torch.Tensor:
+    """Rows a masked loss keeps: every third one out, so two ranks' halves keep 2 vs 3 of 4."""
+    return ((torch.arange(n) + step) % 3 != 0).float()
 
 
 def parallel_toy(
@@ -223,6 +240,9 @@ def job_w2(ctx: DistContext) -> dict:
         "fsdp_ac": layout_run(ctx, fsdp, IGNORE_HEAD_AC, batch=4),
         "fsdp_offload": layout_run(ctx, fsdp, OFFLOAD_NO_RESHARD, batch=4),
         "fsdp_bf16": layout_run(ctx, fsdp, AcceleratorConfig(mixed_precision="bf16"), batch=4),
+        "ddp_masked": layout_run(ctx, ParallelismConfig(), AcceleratorConfig(), batch=4, masked="balanced"),
+        "fsdp_masked": layout_run(ctx, fsdp, IGNORE_HEAD, batch=4, masked="balanced"),
+        "fsdp_masked_plain": layout_run(ctx, fsdp, IGNORE_HEAD, batch=4, masked="plain"),
         "meta_fsdp": meta_run(ctx, fsdp, IGNORE_HEAD, via_method=False),
         "meta_ddp": meta_run(ctx, ParallelismConfig(), AcceleratorConfig(), via_method=True),
         "reduce_unset": reduce_dtype_run(ctx, None),
@@ -237,6 +257,7 @@ def job_w4(ctx: DistContext) -> dict:
         "hsdp": layout_run(ctx, hsdp, IGNORE_HEAD, batch=2),
         "hsdp_accum": layout_run(ctx, hsdp, IGNORE_HEAD, batch=1, accum=2),
         "hsdp_ac": layout_run(ctx, hsdp, IGNORE_HEAD_AC, batch=2),
+        "hsdp_masked": layout_run(ctx, hsdp, IGNORE_HEAD, batch=2, masked="balanced"),
         "fsdp4": layout_run(ctx, ParallelismConfig(dp_shard=-1), AcceleratorConfig(), batch=2),
     }
 
@@ -260,6 +281,14 @@ def reference() -> dict:
     run = train(p, single_ctx(), batch=GLOBAL_BATCH)
     run["params"] = full_params(p.model)
     return run
+
+
+@pytest.fixture(scope="module")
+def masked_reference() -> dict:
+    """One process, one masked mean over the valid rows of the whole global batch."""
+    dims = ParallelDims.resolve(ParallelismConfig(), 1)
+    p = parallel_toy(make_model(), dims, AcceleratorConfig(), torch.device("cpu"), declared=None)
+    return train(p, single_ctx(), batch=GLOBAL_BATCH, masked="balanced")
 
 
 def _job(name: str, world: int, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
@@ -307,6 +336,23 @@ def test_loss_and_norm_parity_with_one_process(job: str, key: str, reference: di
     for other in ranks[1:]:  # the clip decision and the logged loss are the same everywhere
         assert other[key]["norms"] == run["norms"] and other[key]["losses"] == run["losses"]
     assert_replicas_identical(ranks, key)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(("job", "key"), [("w2", "ddp_masked"), ("w2", "fsdp_masked"), ("w4", "hsdp_masked")])
+def test_a_masked_loss_weighted_by_valid_rows_equals_one_process(
+    job: str, key: str, masked_reference: dict, w2: list[dict], request: pytest.FixtureRequest
+):
+    """Ranks whose slices keep different numbers of rows: balanced, their losses and
+    gradients are one process's masked mean over the global batch; a plain mean of the
+    ranks' own masked means is another objective (the check that the weighting matters)."""
+    ranks = request.getfixturevalue(job)
+    assert_rel(ranks[0][key]["losses"], masked_reference["losses"], rel=1e-5)
+    assert_rel(ranks[0][key]["norms"], masked_reference["norms"], rel=1e-5)
+    for other in ranks[1:]:
+        assert other[key]["losses"] == ranks[0][key]["losses"]
+    plain = w2[0]["fsdp_masked_plain"]["losses"]
+    assert abs(plain[0] - masked_reference["losses"][0]) > 1e-3 * abs(masked_reference["losses"][0]), plain
 
 
 @pytest.mark.timeout(200)

@@ -1,11 +1,14 @@
 """LeRobot's ACT trained by ``lerobot train`` under FSDP(2) on a LeRobot v3 video dataset,
-its checkpoint then used by LeRobot alone."""
+its checkpoint then used by LeRobot alone, and resumed exactly on one process."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import ACTION_DIM, TINY_ACT, losses, train
+import pytest
+import torch
+
+from conftest import ACTION_DIM, TINY_ACT, copy_crashed, losses, train
 from lerobot_side import act_on, assert_same_weights, load_with_lerobot, observation, sharded_weights
 
 
@@ -28,3 +31,37 @@ def test_fsdp2_act_learns_and_lerobot_loads_and_runs_the_checkpoint(work: Path, 
     assert_same_weights(policy, sharded_weights(pretrained, work))
     action = act_on(policy, preprocessor, postprocessor, observation(dataset_root, 5))
     assert action.shape == (1, ACTION_DIM) and action.isfinite().all()
+
+
+def test_fsdp2_resumed_on_one_process_continues_the_run_exactly(work: Path, dataset_root: Path) -> None:
+    """With a deterministic forward (no dropout, no VAE latent drawn), a resume onto another
+    number of ranks with the same global batch continues the uninterrupted run up to the
+    order of float summation. LeRobot's ACT divides its loss by the valid (not padded)
+    action entries of the batch it sees; the bridge weights ranks by theirs, so two ranks'
+    losses are the one-process loss of the global batch (batches near episode ends differ
+    in padding between the ranks' halves: the dataset's episodes are 24 frames, chunks 5)."""
+    # A larger Adam eps keeps float-rounding noise in near-zero gradients (attention biases)
+    # from being blown up to full-size updates, so the final weights compare, not just losses.
+    flags = [*TINY_ACT, "--policy.use_vae=false", "--log_freq=1", "--optimizer.lr=1e-3", "--optimizer.eps=1e-3",
+             "--checkpoint_format=safetensors_dcp"]
+    straight = work / "act_exact_fsdp2"
+    train(work, *flags, f"--output_dir={straight}", "--parallelism.dp_shard=2", "--batch_size=4", "--steps=10",
+          "--save_freq=5", nproc=2, root=dataset_root)
+
+    resumed = copy_crashed(straight, 5, work / "act_exact_resumed")
+    config = resumed / "checkpoints" / "last" / "pretrained_model" / "train_config.json"
+    result = train(work, "--resume=true", f"--config_path={config}", "--parallelism.dp_shard=null",
+                   "--batch_size=8", root=dataset_root)
+    assert "layout single" in result.stderr and "steps 5→10" in result.stderr
+
+    expected, got = losses(straight), losses(resumed)
+    assert len(expected) == len(got) == 10
+    assert got[5:] == pytest.approx(expected[5:], rel=1e-5)
+    assert got[5:] != expected[:5]  # the resumed steps trained on: not a replay of the start
+
+    final = sharded_weights(straight / "checkpoints" / "000010" / "pretrained_model", work)
+    policy, _, _ = load_with_lerobot(resumed / "checkpoints" / "000010" / "pretrained_model", "act")
+    state = policy.state_dict()
+    assert state.keys() == final.keys()
+    for key, tensor in final.items():
+        torch.testing.assert_close(state[key], tensor, rtol=1e-4, atol=1e-6, msg=key)

@@ -247,9 +247,10 @@ class ACTPolicy(Policy):
         target = batch[ACTION_KEY].float()
         error = (actions_hat.float() - target).abs()
         if ACTION_PAD_KEY in batch:
-            # Padded entries count as zero error and the mean is over every entry (as LeRobot
-            # does): a per-sample mean, so data-parallel workers averaging their losses equal
-            # one process on the whole batch, whatever the padding on each worker.
+            # Padded entries count as zero error and the mean is over every entry (as LeRobot's
+            # ACT long did; LeRobot 0.6 divides by the valid entries instead): a per-sample
+            # mean, so data-parallel workers averaging their losses equal one process on the
+            # whole batch, whatever the padding on each worker, with no loss_weight needed.
             error = error * (~batch[ACTION_PAD_KEY]).unsqueeze(-1).to(error.dtype)
         l1 = error.mean()
         if mu is None:

@@ -227,6 +227,13 @@ class DiffusionPolicy(Policy):
         nn.init.normal_(self.cond_pos, std=INIT_STD)
         nn.init.normal_(self.action_pos, std=INIT_STD)
 
+    def loss_weight(self, batch: dict[str, Tensor]) -> Tensor | None:
+        """With ``mask_padded_actions`` the loss divides by the batch's valid action entries,
+        so data-parallel workers are weighted by theirs (see ``Policy.loss_weight``)."""
+        if self.config.mask_padded_actions and ACTION_PAD_KEY in batch:
+            return (~batch[ACTION_PAD_KEY]).sum()
+        return None
+
     def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         if ACTION_KEY not in batch:
             raise ValueError("diffusion training needs 'action' in the batch (use select_action to infer)")

@@ -122,6 +122,12 @@ def _scalar(value: Any) -> bool:
     return isinstance(value, (int, float)) or (isinstance(value, Tensor) and value.numel() == 1)
 
 
+def valid_actions(batch: dict[str, Tensor]) -> Tensor:
+    """The action entries that are not padding past an episode's end: the divisor of
+    LeRobot's masked losses (times the action size, which is the same on every rank)."""
+    return (~batch["action_is_pad"]).sum()
+
+
 class LerobotACT(LerobotPolicy):
     lerobot_type = "act"
     # LeRobot 0.6.1 declares no wrap units: the transformer layers hold most parameters.
@@ -130,8 +136,22 @@ class LerobotACT(LerobotPolicy):
     # nn.MultiheadAttention's fused projections, which LoRA does not reach).
     default_peft_targets = ["linear1", "linear2"]
 
+    def loss_weight(self, batch: dict[str, Tensor]) -> Tensor | None:
+        """LeRobot's ACT divides its L1 loss by the valid action entries of the batch it
+        sees, so data-parallel ranks are weighted by theirs: the run's loss is the masked
+        mean over the whole global batch, whatever the number of ranks. With the VAE on,
+        its KL term (a per-sample mean) is weighted the same way: exact on one process,
+        a valid-entry-weighted mean over ranks on several."""
+        return valid_actions(batch) if "action_is_pad" in batch else None
+
 
 class LerobotDiffusion(LerobotPolicy):
     lerobot_type = "diffusion"
     _fsdp_wrap_modules = ["DiffusionConditionalResidualBlock1d"]
     default_peft_targets = ["cond_encoder.1"]
+
+    def loss_weight(self, batch: dict[str, Tensor]) -> Tensor | None:
+        """Diffusion's loss is a masked mean only with ``do_mask_loss_for_padding``; then
+        ranks are weighted by their valid action entries, as for ACT."""
+        masked = self.lerobot_config.do_mask_loss_for_padding and "action_is_pad" in batch
+        return valid_actions(batch) if masked else None
