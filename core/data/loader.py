@@ -132,8 +132,25 @@ class TrainingItems:
             return _Fault(type(exc), str(exc))
 
 
+def collate(items: list[Batch]) -> Batch:
+    """``default_collate`` per key, except that camera frames stored channel-last (a reader's
+    ``[..., C, H, W]`` view of ``[..., H, W, C]`` memory) are stacked channel-last into a
+    ``channels_last`` batch: plain copies, where stacking them channel-first would cost a
+    strided transpose per frame (several times a memory copy)."""
+    return {key: _stack([item[key] for item in items]) for key in items[0]}
+
+
+def _stack(values: list[Any]) -> Any:
+    first = values[0]
+    if isinstance(first, torch.Tensor) and first.dim() >= 3 and first.stride(-3) == 1 and first.stride(-1) != 1:
+        moved = [value.movedim(-3, -1) for value in values]
+        if all(value.is_contiguous() for value in moved):
+            return default_collate(moved).movedim(-1, -3)
+    return default_collate(values)
+
+
 def _collate(items: list[Batch] | _Fault) -> Batch | _Fault:
-    return items if isinstance(items, _Fault) else default_collate(items)
+    return items if isinstance(items, _Fault) else collate(items)
 
 
 def _as_is(items: list[Batch] | _Fault) -> list[Batch] | _Fault:
@@ -198,7 +215,7 @@ class _BlockTasks:
                     decoded.update(zip(next(tasks).tolist(), next(results)))
                 pending.append(decoded.pop(position))
                 if len(pending) == self.batch_size:
-                    yield default_collate(pending)
+                    yield collate(pending)
                     pending = []
 
 

@@ -25,7 +25,8 @@ def check_channels(info_file: Path, key: str, shape: tuple[int, ...]) -> None:
 
 
 def decode_image(data: bytes, shape: tuple[int, ...], where: str) -> np.ndarray:
-    """uint8 ``[C, H, W]`` from encoded bytes; ``where`` names file, feature and frame for errors."""
+    """uint8 ``[H, W, C]`` (channel-last, as decoded; see ``reader.channels_first``) from
+    encoded bytes; ``where`` names file, feature and frame for errors."""
     image_module = require_pil()
     channels, height, width = shape
     try:
@@ -33,9 +34,10 @@ def decode_image(data: bytes, shape: tuple[int, ...], where: str) -> np.ndarray:
             pixels = np.asarray(image.convert(PIL_MODES[channels]))
     except Exception as exc:  # noqa: BLE001 - PIL raises several types for bad bytes
         raise LeRobotDatasetError(f"{where} is not a decodable image ({exc})") from exc
-    pixels = np.ascontiguousarray(pixels.reshape(pixels.shape[0], pixels.shape[1], -1).transpose(2, 0, 1))
-    if pixels.shape != (channels, height, width):
+    # Pillow's arrays are read-only views of its bytes; tensors are made from these arrays.
+    pixels = np.array(pixels.reshape(pixels.shape[0], pixels.shape[1], -1))
+    if pixels.shape != (height, width, channels):
         raise LeRobotDatasetError(
-            f"{where} is a {pixels.shape[2]}x{pixels.shape[1]} image; meta/info.json declares {width}x{height}"
+            f"{where} is a {pixels.shape[1]}x{pixels.shape[0]} image; meta/info.json declares {width}x{height}"
         )
     return pixels

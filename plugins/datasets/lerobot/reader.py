@@ -141,7 +141,7 @@ class LeRobotDataset(PolicyDataset):
             if source.kind == "numeric":
                 value = torch.from_numpy(np.array(columns.numeric[key][rows]))
             else:
-                value = torch.from_numpy(self.camera_frames(key, position, rows))
+                value = channels_first(self.camera_frames(key, position, rows))
                 value = value if uint8_cameras else camera_to_float(value)
             item[key] = value if offsets is not None else value[0]
         item["episode_index"] = torch.tensor(episode.index, dtype=torch.int64)
@@ -179,15 +179,12 @@ class LeRobotDataset(PolicyDataset):
                 values = torch.from_numpy(gathered.reshape(*rows.shape, *source.spec.shape))
             else:
                 unique, inverse = np.unique(rows, return_inverse=True)
-                pixels = torch.from_numpy(self.camera_frames(key, position, unique))
-                pixels = pixels if uint8_cameras else camera_to_float(pixels)
-                if len(unique) == rows.size and np.array_equal(unique, rows.ravel()):
-                    values = pixels.reshape(*rows.shape, *pixels.shape[1:])  # consecutive frames: no copy
-                else:
-                    values = pixels[inverse.reshape(rows.shape)]
+                decoded = self.camera_frames(key, position, unique)
+                per_item = [channels_first([decoded[k] for k in ks]) for ks in inverse.reshape(rows.shape)]
+                values = per_item if uint8_cameras else [camera_to_float(v) for v in per_item]
             pads = torch.from_numpy((wanted < start) | (wanted >= end))
             for j, item in enumerate(items):
-                item[key] = values[j] if offsets is not None else values[j, 0]
+                item[key] = values[j] if offsets is not None else values[j][0]
                 if offsets is not None:
                     item[pad_key(key)] = pads[j]
         episode_index = self.episodes[position].index
@@ -195,23 +192,34 @@ class LeRobotDataset(PolicyDataset):
             item["episode_index"] = torch.tensor(episode_index, dtype=torch.int64)
             item["index"] = torch.tensor(i, dtype=torch.int64)
 
-    def camera_frames(self, key: str, position: int, rows: np.ndarray) -> np.ndarray:
-        """uint8 ``[len(rows), C, H, W]`` of camera ``key`` at cache rows of the ``position``-th episode."""
+    def camera_frames(self, key: str, position: int, rows: np.ndarray) -> list[np.ndarray]:
+        """uint8 ``[H, W, C]`` frames of camera ``key`` at cache rows of the ``position``-th
+        episode, channel-last as decoded (``channels_first`` views them)."""
         episode = self.episodes[position]
         columns = self.columns(episode.data_file)
         source = self.info.features[key]
         if source.kind == "image":
             path = self.info.data_file(*episode.data_file)
             first = self._first_row[position]
-            return np.stack([
+            return [
                 images.decode_image(columns.encoded_image(key, int(r)), source.spec.shape,
                                     f"{path}: {key!r} of episode {episode.index}, frame {int(r - first)},")
                 for r in rows
-            ])
+            ]
         assert self._videos is not None and columns.timestamp is not None  # checked at construction
         ref = episode.videos[key]
         times = ref.from_timestamp + columns.timestamp[rows].astype(np.float64)
         return self._videos.frames(self.info.video_file(key, ref), key, episode.index, times, source.spec.shape)
+
+
+def channels_first(frames: list[np.ndarray]) -> torch.Tensor:
+    """uint8 ``[N, C, H, W]`` of channel-last ``[H, W, C]`` frames, as a view (the strides of
+    torch's ``channels_last``): one frame is not copied at all, several are stacked with
+    plain copies. Values and shape are those of channel-first frames."""
+    import torch
+
+    stacked = frames[0][None] if len(frames) == 1 else np.stack(frames)
+    return torch.from_numpy(stacked).permute(0, 3, 1, 2)
 
 
 def make_lerobot_dataset(config: LeRobotDatasetConfig, delta_indices: dict[str, list[int]]) -> LeRobotDataset:

@@ -55,5 +55,6 @@ def _camera_stats(dataset: LeRobotDataset, key: str, channels: int) -> dict[str,
             continue
         _, rows = dataset.episode_arrays(position)
         for chunk in range(0, len(frames), DECODE_BATCH):
-            pixels.add(dataset.camera_frames(key, position, rows[frames[chunk : chunk + DECODE_BATCH] - start]))
+            decoded = dataset.camera_frames(key, position, rows[frames[chunk : chunk + DECODE_BATCH] - start])
+            pixels.add(np.stack(decoded).transpose(0, 3, 1, 2))
     return pixels.result()

@@ -155,8 +155,15 @@ class VideoDecoders:
 
         self.av = av
 
-    def frames(self, path: Path, key: str, episode: int, times: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-        """uint8 ``[len(times), C, H, W]``: the frame of ``path`` nearest to each time."""
+    def frames(self, path: Path, key: str, episode: int, times: np.ndarray, shape: tuple[int, ...]) -> list[np.ndarray]:
+        """uint8 ``[H, W, C]`` arrays, as converted: the frame of ``path`` nearest to each time.
+
+        Not copied into one channel-first array: transposing a frame costs a worker about
+        as much CPU as decoding it, and a copy more than a tenth of that. The reader views
+        them channel-first (``channels_first``), and collation stacks them with plain
+        copies into a ``channels_last`` batch (``core.data.loader.collate``); frames a
+        decoder remembers may be handed out again, so they are never written to.
+        """
         wanted = np.unique(times)
         try:
             found: dict[float, np.ndarray] = {}
@@ -181,10 +188,7 @@ class VideoDecoders:
                     f"{self._nearest_text(path, float(time))}; the video does not match meta/episodes "
                     "(from_timestamp) and the timestamp column"
                 )
-        out = np.empty((len(times), *shape), dtype=np.uint8)
-        for k, time in enumerate(times):
-            out[k] = found[float(time)].transpose(2, 0, 1)  # the one copy: channel-last to channel-first
-        return out
+        return [found[float(time)] for time in times]
 
     def _runs(self, path: Path, wanted: np.ndarray) -> list[np.ndarray]:
         """``wanted`` (sorted) cut where the next time is further ahead than a seek costs: each
