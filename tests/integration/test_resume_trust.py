@@ -114,6 +114,31 @@ def crafted_metadata(step: Path, marker: Path) -> None:
     write_manifest(step)  # an attacker records the manifest too
 
 
+def payload_in_a_shard_entry(step: Path, marker: Path) -> None:
+    """A weight of the DCP shards replaced by an object whose unpickling calls ``os.system``:
+    torch's DCP stores it as a bytes entry (``torch.save`` data) that its reader unpickles."""
+    as_dcp(step)
+    folder = step / "pretrained_model/pytorch_model_fsdp_0"
+    state = dcp_weights(folder)
+    state[next(iter(state))] = _Payload(marker)
+    shutil.rmtree(folder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state, checkpoint_id=str(folder))
+    write_manifest(step)  # an attacker records the manifest too
+
+
+def dcp_weights(folder: Path) -> dict[str, object]:
+    """The tensors of a (trusted, just written) DCP folder."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    target = folder.parent / "weights.pt"
+    dcp_to_torch_save(str(folder), str(target))
+    state = torch.load(target, weights_only=True)
+    target.unlink()
+    return state
+
+
 def missing_shard(step: Path, marker: Path) -> None:
     as_dcp(step)
     (step / SHARD).unlink()
@@ -143,6 +168,8 @@ CASES: dict[str, tuple[Callable[[Path, Path], None], list[str]]] = {
         flip_shard_byte, ["__0_0.distcp: sha256 differs", "the checkpoint is damaged", "earlier step folder"]),
     "crafted .metadata calling os.system": (
         crafted_metadata, ["pytorch_model_fsdp_0: refusing to load posix.system from .metadata"]),
+    "shard entry unpickling to os.system": (
+        payload_in_a_shard_entry, ["__0_0.distcp: refusing to load entry", "not plain data", "crafted to run code"]),
     "missing shard": (missing_shard, ["__0_0.distcp: missing shard", "the checkpoint is damaged"]),
     "truncated shard": (truncated_shard, ["__0_0.distcp: truncated shard", "the checkpoint is damaged"]),
     "weights of another shape": (
