@@ -6,7 +6,8 @@ the same size to the same folder in 16 MiB blocks and fsyncs it — the disk's s
 write speed now — and (b) runs the real console command ``lerobot convert-dcp
 --overwrite=true`` whose own report gives bytes and seconds (the shards hashed against
 ``checksums.json`` by a thread beside the write, write with the output's sha256, fsync,
-rename, the manifest updated). The disk's speed on a shared machine swings several-fold
+rename, the manifest updated), into a folder whose previous output was deleted first, as
+the reference deletes its file. The disk's speed on a shared machine swings several-fold
 from one write to the next, so the row is the median of the five per-pair ratios, with
 their range. The goal is at least half the disk's speed.
 
@@ -61,6 +62,9 @@ def run(ctx: Context) -> Result:
     walls: list[float] = []
 
     def convert() -> float:
+        # The previous pair's output is deleted outside the timer, as the disk reference
+        # deletes its file: replacing it would time the file system freeing 0.4 GB too.
+        (pretrained / "model.safetensors").unlink(missing_ok=True)
         timed = run_timed(command, env, timeout=600, peak_rss=True)
         match = _SUMMARY.search(timed.stdout)
         if match is None:

@@ -25,15 +25,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TypeVar
 
 from lerobot_kit.core.checkpoint.paths import MANIFEST
 from lerobot_kit.core.errors import CheckpointError
 
 ALGORITHM = "sha256"
 _CHUNK = 1 << 20
+# Files hashed at once: sha256 and file reads release the GIL, so each thread takes a core.
+_HASH_THREADS = max(1, min(4, os.cpu_count() or 1))
+T = TypeVar("T")
 
 
 class NoManifestError(CheckpointError):
@@ -80,8 +85,19 @@ def saved_files(step_dir: Path) -> list[str]:
 
 
 def hash_files(step_dir: Path, rels: Iterable[str]) -> dict[str, FileDigest]:
-    """Digests of the given files, keyed by their path relative to ``step_dir``."""
-    return {rel: file_digest(Path(step_dir) / rel) for rel in rels}
+    """Digests of the given files, keyed by their path relative to ``step_dir``; several
+    files at once (a checkpoint's weights and optimizer shards are hashed side by side)."""
+    rels = list(rels)
+    return dict(zip(rels, _in_threads(file_digest, [Path(step_dir) / rel for rel in rels])))
+
+
+def _in_threads(work: Callable[[Path], T], paths: list[Path]) -> list[T]:
+    """``[work(p) for p in paths]``, up to ``_HASH_THREADS`` at a time, in order; the first
+    exception is raised."""
+    if len(paths) < 2 or _HASH_THREADS == 1:
+        return [work(path) for path in paths]
+    with ThreadPoolExecutor(min(_HASH_THREADS, len(paths))) as pool:
+        return list(pool.map(work, paths))
 
 
 def write_manifest(step_dir: Path, known: Mapping[str, FileDigest] | None = None) -> Path:
@@ -95,7 +111,8 @@ def write_manifest(step_dir: Path, known: Mapping[str, FileDigest] | None = None
     step_dir = Path(step_dir)
     known = known or {}
     files = saved_files(step_dir)
-    digests = {rel: known[rel] if rel in known else file_digest(step_dir / rel) for rel in files}
+    digests = hash_files(step_dir, [rel for rel in files if rel not in known])
+    digests = {rel: known[rel] if rel in known else digests[rel] for rel in files}
     body = {"algorithm": ALGORITHM, "files": {rel: d.to_json() for rel, d in digests.items()}}
     target = step_dir / MANIFEST
     tmp = target.with_name(MANIFEST + ".tmp")
@@ -149,25 +166,27 @@ def verify_manifest(step_dir: Path, only: Iterable[str] | None = None) -> list[s
     step_dir = Path(step_dir)
     recorded = read_manifest(step_dir)
     selected, problems = _select(recorded, only, step_dir)
-    for rel in selected:
-        expected, path = recorded[rel], step_dir / rel
+
+    def check(path: Path) -> str | None:
+        expected = recorded[path.relative_to(step_dir).as_posix()]
         try:
             size = path.stat().st_size if path.is_file() else None
         except OSError:
             size = None
         if size is None:
-            problems.append(f"{path}: missing ({MANIFEST} records a file of {expected.bytes} bytes)")
-        elif size != expected.bytes:
-            problems.append(f"{path}: {size} bytes, but {MANIFEST} records {expected.bytes}")
-        else:
-            try:
-                actual = file_digest(path)
-            except OSError as exc:
-                problems.append(f"{path}: cannot be read ({exc.strerror or exc})")
-                continue
-            if actual.sha256 != expected.sha256:
-                problems.append(f"{path}: sha256 differs from the one {MANIFEST} records (changed since it was saved)")
-    return problems
+            return f"{path}: missing ({MANIFEST} records a file of {expected.bytes} bytes)"
+        if size != expected.bytes:
+            return f"{path}: {size} bytes, but {MANIFEST} records {expected.bytes}"
+        try:
+            actual = file_digest(path)
+        except OSError as exc:
+            return f"{path}: cannot be read ({exc.strerror or exc})"
+        if actual.sha256 != expected.sha256:
+            return f"{path}: sha256 differs from the one {MANIFEST} records (changed since it was saved)"
+        return None
+
+    found = _in_threads(check, [step_dir / rel for rel in selected])
+    return problems + [problem for problem in found if problem is not None]
 
 
 def _select(recorded: Mapping[str, FileDigest], only: Iterable[str] | None, step_dir: Path) -> tuple[list[str], list[str]]:
