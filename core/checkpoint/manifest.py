@@ -38,6 +38,7 @@ ALGORITHM = "sha256"
 _CHUNK = 1 << 20
 # Files hashed at once: sha256 and file reads release the GIL, so each thread takes a core.
 _HASH_THREADS = max(1, min(4, os.cpu_count() or 1))
+S = TypeVar("S")
 T = TypeVar("T")
 
 
@@ -91,13 +92,13 @@ def hash_files(step_dir: Path, rels: Iterable[str]) -> dict[str, FileDigest]:
     return dict(zip(rels, _in_threads(file_digest, [Path(step_dir) / rel for rel in rels])))
 
 
-def _in_threads(work: Callable[[Path], T], paths: list[Path]) -> list[T]:
-    """``[work(p) for p in paths]``, up to ``_HASH_THREADS`` at a time, in order; the first
+def _in_threads(work: Callable[[S], T], files: list[S]) -> list[T]:
+    """``[work(f) for f in files]``, up to ``_HASH_THREADS`` at a time, in order; the first
     exception is raised."""
-    if len(paths) < 2 or _HASH_THREADS == 1:
-        return [work(path) for path in paths]
-    with ThreadPoolExecutor(min(_HASH_THREADS, len(paths))) as pool:
-        return list(pool.map(work, paths))
+    if len(files) < 2 or _HASH_THREADS == 1:
+        return [work(file) for file in files]
+    with ThreadPoolExecutor(min(_HASH_THREADS, len(files))) as pool:
+        return list(pool.map(work, files))
 
 
 def write_manifest(step_dir: Path, known: Mapping[str, FileDigest] | None = None) -> Path:
@@ -167,8 +168,8 @@ def verify_manifest(step_dir: Path, only: Iterable[str] | None = None) -> list[s
     recorded = read_manifest(step_dir)
     selected, problems = _select(recorded, only, step_dir)
 
-    def check(path: Path) -> str | None:
-        expected = recorded[path.relative_to(step_dir).as_posix()]
+    def check(rel: str) -> str | None:
+        expected, path = recorded[rel], step_dir / rel
         try:
             size = path.stat().st_size if path.is_file() else None
         except OSError:
@@ -185,7 +186,7 @@ def verify_manifest(step_dir: Path, only: Iterable[str] | None = None) -> list[s
             return f"{path}: sha256 differs from the one {MANIFEST} records (changed since it was saved)"
         return None
 
-    found = _in_threads(check, [step_dir / rel for rel in selected])
+    found = _in_threads(check, selected)
     return problems + [problem for problem in found if problem is not None]
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lerobot_kit.core.checkpoint.manifest import FileDigest, file_digest
+from lerobot_kit.core.checkpoint.manifest import FileDigest, hash_files
 
 SHARD_SUFFIX = ".distcp"
 
@@ -21,11 +21,8 @@ SHARD_SUFFIX = ".distcp"
 def own_shard_digests(step_dir: Path, rank: int) -> dict[str, FileDigest]:
     """Digests of the DCP shard files rank ``rank`` wrote under ``step_dir``, keyed relative to it."""
     step_dir = Path(step_dir)
-    return {
-        path.relative_to(step_dir).as_posix(): file_digest(path)
-        for path in sorted(step_dir.rglob(f"__{rank}_*{SHARD_SUFFIX}"))
-        if path.is_file()
-    }
+    own = [path for path in sorted(step_dir.rglob(f"__{rank}_*{SHARD_SUFFIX}")) if path.is_file()]
+    return hash_files(step_dir, [path.relative_to(step_dir).as_posix() for path in own])
 
 
 def gather_shard_digests(step_dir: Path, *, distributed: bool, group: Any = None) -> dict[str, FileDigest]:

@@ -26,6 +26,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 
+from checkpoint_state import full_weights
 from conftest import TINY_ACT, launch_env, run_cli, torchrun_train
 from lerobot_kit.core.checkpoint.manifest import MANIFEST, write_manifest
 
@@ -119,24 +120,13 @@ def payload_in_a_shard_entry(step: Path, marker: Path) -> None:
     torch's DCP stores it as a bytes entry (``torch.save`` data) that its reader unpickles."""
     as_dcp(step)
     folder = step / "pretrained_model/pytorch_model_fsdp_0"
-    state = dcp_weights(folder)
+    state: dict[str, object] = dict(full_weights(folder.parent, marker.parent))
     state[next(iter(state))] = _Payload(marker)
     shutil.rmtree(folder)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.save(state, checkpoint_id=str(folder))
     write_manifest(step)  # an attacker records the manifest too
-
-
-def dcp_weights(folder: Path) -> dict[str, object]:
-    """The tensors of a (trusted, just written) DCP folder."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    target = folder.parent / "weights.pt"
-    dcp_to_torch_save(str(folder), str(target))
-    state = torch.load(target, weights_only=True)
-    target.unlink()
-    return state
 
 
 def missing_shard(step: Path, marker: Path) -> None:
