@@ -115,9 +115,11 @@ def test_a_peft_checkpoint_evaluates_as_its_merged_policy_and_as_during_training
 
 def test_a_trained_policy_reaches_nine_tenths_of_the_experts_success(tmp_path):
     """The README figure in small (benchmarks/eval_success.py runs the README's own commands):
-    default ACT on the reach data, 500 steps at batch 32, then 20 episodes beside the expert."""
+    default ACT on the reach data, 1,000 steps at batch 32, then 20 episodes beside the expert. At 500 steps
+    the policy reached 100% on one CPU and 75% on another (its floating-point kernels differ); at 1,000 it
+    reaches 100% from every seed tried."""
     output = tmp_path / "run"
-    trained = run_cli("train", f"--output_dir={output}", "--batch_size=32", "--optimizer.lr=3e-4", "--steps=500",
+    trained = run_cli("train", f"--output_dir={output}", "--batch_size=32", "--optimizer.lr=3e-4", "--steps=1000",
                       "--log_freq=100", env=launch_env(tmp_path), timeout=600)
     assert trained.returncode == 0, trained.stderr[-3000:]
     result = evaluate(f"--policy.path={output / 'checkpoints' / 'last'}", "--eval.n_episodes=20",

@@ -1,5 +1,7 @@
 """``python benchmarks/run.py --smoke``: every benchmark runs end to end at toy sizes, so
-the benchmarks cannot rot between full runs. Numbers are not judged here (a smoke run
+the benchmarks cannot rot between full runs. A suite of its own (``python -m pytest -q
+benchmarks``, run by CI after the main suite): it tests the measuring scripts, not the
+product, and costs about four minutes of two cores. Numbers are not judged here (a smoke run
 on a shared machine measures nothing); that each one is there and finite is.
 
 One benchmark per test (``--only``), so each has its own time limit and test workers
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+REPO = Path(__file__).resolve().parent.parent
 
 BENCHMARKS = ["loop_overhead", "memory", "dist_overhead", "checkpoints", "convert_dcp", "startup", "data_memory",
               "data", "fault_injection", "ac_compile", "eval_success"]
