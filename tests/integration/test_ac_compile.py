@@ -1,8 +1,8 @@
 """``--accelerator.activation_checkpointing`` and ``--accelerator.compile`` from the CLI,
 on real gloo processes: AC changes no number under FSDP(2) (dropout and the VAE draw
 included) and no checkpoint key, so a run saved with it resumes without it; compiled
-one-process and FSDP(2) runs train to the eager losses. Compile runs are kept to two:
-a first ``torch.compile`` costs ~20 s even for this tiny model."""
+one-process and FSDP(2) runs train to the eager losses. Compile runs are kept to two,
+sharing their kernels: a first ``torch.compile`` costs ~20 s even for this tiny model."""
 
 from __future__ import annotations
 
@@ -21,13 +21,13 @@ FSDP2 = "--parallelism.dp_shard=2"
 COMPILE_TIMEOUT = 1800  # a loaded 2-core runner compiles for minutes (13 at a load of 15)
 
 
-def _train(root: Path, name: str, nproc: int, *flags: str) -> Path:
-    """A run in ``root/name``; a compiling one gets its own inductor cache, so it really
-    compiles and a cache another process is writing cannot interfere."""
+def _train(root: Path, name: str, nproc: int, *flags: str, cache: str | None = None) -> Path:
+    """A run in ``root/name``; a compiling one keeps its kernels in ``root/<cache>_inductor``
+    (default: its own), so it compiles unless an earlier run of the same graphs did."""
     out = root / name
     args = [f"--output_dir={out}", f"--steps={STEPS}", "--log_freq=1", "--save_freq=2", *flags]
     compiling = COMPILE in flags
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(root / f"{name}_inductor")} if compiling else {}
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(root / f"{cache or name}_inductor")} if compiling else {}
     timeout = COMPILE_TIMEOUT if compiling else 240
     if nproc == 1:
         result = run_cli("train", *args, env=launch_env(root, env), timeout=timeout)
@@ -74,23 +74,29 @@ def test_a_checkpoint_saved_with_activation_checkpointing_resumes_without_it(
 
 @pytest.fixture(scope="module")
 def compile_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Without dropout (compiled kernels draw their own random numbers), global batch 4:
-    one process eager and compiled, FSDP(2) compiled with AC on top."""
+    """Without dropout (compiled kernels draw their own random numbers), with activation
+    checkpointing, 2 samples per rank: one process eager and compiled, FSDP(2) compiled,
+    and the eager one-process run of FSDP(2)'s global batch of 4. The compiled runs share
+    one kernel cache, one after the other: FSDP(2) traces the same unit graphs at the same
+    per-rank shapes, so its ranks load much of what the one-process run compiled instead
+    of both compiling it again (half the CPU time of a cold FSDP(2) compile here)."""
     root = tmp_path_factory.mktemp("compile")
+    common = [*PARITY_ACT, AC, "--batch_size=2"]
     return {
-        "eager": _train(root, "eager", 1, *PARITY_ACT, "--batch_size=4"),
-        "single": _train(root, "single", 1, *PARITY_ACT, "--batch_size=4", COMPILE),
-        "fsdp": _train(root, "fsdp", 2, *PARITY_ACT, "--batch_size=2", FSDP2, COMPILE, AC),
+        "single_eager": _train(root, "single_eager", 1, *common),
+        "single": _train(root, "single", 1, *common, COMPILE, cache="shared"),
+        "fsdp_eager": _train(root, "fsdp_eager", 1, *PARITY_ACT, AC, "--batch_size=4"),
+        "fsdp": _train(root, "fsdp", 2, *common, FSDP2, COMPILE, cache="shared"),
     }
 
 
 @pytest.mark.parametrize("name", ["single", "fsdp"])
 def test_compiled_runs_train_to_the_eager_losses(compile_runs: dict[str, Path], name: str) -> None:
-    eager, compiled = losses(compile_runs["eager"]), losses(compile_runs[name])
+    eager, compiled = losses(compile_runs[f"{name}_eager"]), losses(compile_runs[name])
     assert len(compiled) == STEPS and all(torch.isfinite(torch.tensor(compiled)))
     assert compiled == pytest.approx(eager, rel=1e-3)
     banner = (compile_runs[name].parent / f"{name}.stderr").read_text()
-    assert "(ACTDecoderLayer, ACTEncoderLayer)" + (", checkpointed" if name == "fsdp" else "") + ", compiled" in banner
+    assert "(ACTDecoderLayer, ACTEncoderLayer), checkpointed, compiled" in banner
 
 
 def test_compile_without_a_cxx_compiler_is_one_line(tmp_path: Path) -> None:
