@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -13,6 +14,11 @@ import pytest
 
 if TYPE_CHECKING:
     from torch import nn
+
+# One torch thread in each test worker and in every process it starts, as in the launched
+# runs: two workers on two cores, each with a spinning OpenMP thread per core, spend a
+# fifth of the unit tests' CPU time waiting on each other. Set before anything imports torch.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
