@@ -1,8 +1,8 @@
 """``python benchmarks/run.py --smoke``: every benchmark runs end to end at toy sizes, so
 the benchmarks cannot rot between full runs. A suite of its own (``python -m pytest -q
 benchmarks``, run by CI after the main suite): it tests the measuring scripts, not the
-product, and costs about four minutes of two cores. Numbers are not judged here (a smoke run
-on a shared machine measures nothing); that each one is there and finite is.
+product, and takes about two and a half minutes on two cores. Numbers are not judged here
+(a smoke run on a shared machine measures nothing); that each one is there and finite is.
 
 One benchmark per test (``--only``), so each has its own time limit and test workers
 can run them side by side; ``test_run_py_lists_every_benchmark`` checks that none is
