@@ -13,21 +13,26 @@ Stable:
 * configs: ``TrainConfig``, ``PolicyConfig``, ``DatasetConfig``, ``parse_train_config``;
 * running pieces: ``build_dataset``, ``build_policy``, ``load_pretrained``;
 * policy contract: ``Policy`` (see its docstring and the example plugin's README),
+  ``feature_dims`` (a policy's camera keys, state and action sizes from ``DatasetMeta``),
   ``PolicyProcessor``, the processor interface a policy's ``make_processors`` returns
   (a callable on batches with ``save(directory, name)``), and ``WeightShapes``, what a
   policy config implements (``weight_shapes(meta)``, torch-free) to have its checkpoints'
   weight shapes checked by ``inspect-checkpoint`` and ``convert-dcp``;
 * dataset contract: ``PolicyDataset``, ``InMemoryDataset``, ``DatasetMeta``,
   ``FeatureSpec``, ``compute_stats``, the item keys ``STATE_KEY``, ``ACTION_KEY``,
-  ``IMAGE_PREFIX`` and ``pad_key``;
+  ``IMAGE_PREFIX`` and ``pad_key``; for readers of their own: ``STAT_NAMES``,
+  ``vector_stats`` and ``PixelStats`` (exact statistics of vectors and of uint8 frames),
+  ``camera_to_float``, ``EpisodeWindows`` and ``expand_delta_indices`` (frame windows
+  within an episode, padded at its ends);
 * checkpoint formats: ``CheckpointFormat``, ``ModelWeights`` (what a format is handed:
   the model and how its weights are named), ``model_weights``, the weight writers and
   readers ``gathered_state``, ``write_weights_file``, ``write_gathered``, ``write_shards``,
   ``load_state``, ``load_any_weights``, ``read_safetensors``, ``is_peft_model`` and the
   file names ``MODEL_WEIGHTS``, ``ADAPTER_WEIGHTS``, ``DCP_MODEL_DIR``;
-* launchers: ``Launcher``, ``LaunchEnv``, ``env_int``;
+* launchers: ``Launcher``, ``LaunchEnv``, ``env_int``, ``DEFAULT_MASTER_PORT``;
 * evaluation environments: ``EnvConfig`` and ``VectorEnv`` (gymnasium's vector API, keyed
-  by the dataset's feature names; see its docstring and ``lerobot_register_envs``);
+  by the dataset's feature names; see its docstring and ``lerobot_register_envs``), with
+  its ``Observation`` and ``Info`` types;
 * errors a plugin raises: ``ConfigError`` (bad flags or data for this plugin),
   ``CheckpointError`` (a missing or damaged file), ``PluginError`` (the plugin itself is
   unusable), all ``LerobotError``: the CLI prints their message as one line, without a
@@ -35,7 +40,7 @@ Stable:
 
 Importing this module does not import torch, so a plugin's hook module and config
 classes stay light (``lerobot --help`` imports every plugin). The names that need torch
-(``Policy``, ``PolicyProcessor``, ``CheckpointFormat``, the weight I/O, ``is_peft_model``) are imported on
+(``Policy``, ``feature_dims``, ``PolicyProcessor``, ``CheckpointFormat``, the weight I/O, ``is_peft_model``) are imported on
 first access; ``from lerobot_kit.api import *`` takes them all, and so imports torch.
 """
 
@@ -51,17 +56,22 @@ from lerobot_kit.core.data.build import build_dataset
 from lerobot_kit.core.data.dataset import (
     ACTION_KEY,
     IMAGE_PREFIX,
+    STAT_NAMES,
     STATE_KEY,
     DatasetMeta,
     FeatureSpec,
     InMemoryDataset,
+    PixelStats,
     PolicyDataset,
+    camera_to_float,
     compute_stats,
     pad_key,
+    vector_stats,
 )
-from lerobot_kit.core.distributed.launcher import LaunchEnv, Launcher, env_int
+from lerobot_kit.core.data.windows import EpisodeWindows, expand_delta_indices
+from lerobot_kit.core.distributed.launcher import DEFAULT_MASTER_PORT, LaunchEnv, Launcher, env_int
 from lerobot_kit.core.errors import CheckpointError, ConfigError, LerobotError, PluginError
-from lerobot_kit.core.eval.env import VectorEnv
+from lerobot_kit.core.eval.env import Info, Observation, VectorEnv
 from lerobot_kit.core.layout.paths import ADAPTER_WEIGHTS, DCP_MODEL_DIR, MODEL_WEIGHTS
 from lerobot_kit.core.offline.weight_shapes import WeightShapes
 from lerobot_kit.core.registry.hookspecs import hookimpl
@@ -79,12 +89,13 @@ if TYPE_CHECKING:
         write_weights_file,
     )
     from lerobot_kit.core.model.peft import is_peft_model, model_weights
-    from lerobot_kit.core.model.policy import Policy
+    from lerobot_kit.core.model.policy import Policy, feature_dims
     from lerobot_kit.core.model.processor import PolicyProcessor
 
 # Torch-backed names: (module, attribute), imported on first access by ``__getattr__``.
 _LAZY: dict[str, tuple[str, str]] = {
     "Policy": ("lerobot_kit.core.model.policy", "Policy"),
+    "feature_dims": ("lerobot_kit.core.model.policy", "feature_dims"),
     "PolicyProcessor": ("lerobot_kit.core.model.processor", "PolicyProcessor"),
     "CheckpointFormat": ("lerobot_kit.core.checkpoint.weights", "CheckpointFormat"),
     "ModelWeights": ("lerobot_kit.core.checkpoint.weights", "ModelWeights"),
@@ -103,21 +114,27 @@ __all__ = [
     "ACTION_KEY",
     "ADAPTER_WEIGHTS",
     "DCP_MODEL_DIR",
+    "DEFAULT_MASTER_PORT",
     "IMAGE_PREFIX",
     "MODEL_WEIGHTS",
     "STATE_KEY",
+    "STAT_NAMES",
     "CheckpointError",
     "CheckpointFormat",
     "ConfigError",
     "DatasetConfig",
     "DatasetMeta",
     "EnvConfig",
+    "EpisodeWindows",
     "FeatureSpec",
     "InMemoryDataset",
+    "Info",
     "LaunchEnv",
     "Launcher",
     "LerobotError",
     "ModelWeights",
+    "Observation",
+    "PixelStats",
     "PluginError",
     "Policy",
     "PolicyConfig",
@@ -128,8 +145,11 @@ __all__ = [
     "WeightShapes",
     "build_dataset",
     "build_policy",
+    "camera_to_float",
     "compute_stats",
     "env_int",
+    "expand_delta_indices",
+    "feature_dims",
     "gathered_state",
     "hookimpl",
     "is_peft_model",
@@ -140,6 +160,7 @@ __all__ = [
     "pad_key",
     "parse_train_config",
     "read_safetensors",
+    "vector_stats",
     "write_gathered",
     "write_shards",
     "write_weights_file",

@@ -21,11 +21,14 @@ STABLE = {
     "DCP_MODEL_DIR", "ModelWeights", "model_weights", "gathered_state", "write_weights_file", "load_state",
     "Launcher", "LaunchEnv", "env_int", "LerobotError", "ConfigError", "CheckpointError",
     "PluginError", "EnvConfig", "VectorEnv", "WeightShapes",
+    # What the built-in plugins need beyond the above (they import nothing else):
+    "STAT_NAMES", "vector_stats", "PixelStats", "camera_to_float", "EpisodeWindows", "expand_delta_indices",
+    "DEFAULT_MASTER_PORT", "Observation", "Info", "feature_dims",
 }
 
 LAZY = {"Policy", "PolicyProcessor", "CheckpointFormat", "write_gathered", "write_shards", "load_any_weights", "read_safetensors",
         "is_peft_model", "ModelWeights", "model_weights", "gathered_state", "write_weights_file",
-        "load_state"}
+        "load_state", "feature_dims"}
 TORCH_FREE = f"""
 import sys
 from lerobot_kit.api import {", ".join(sorted(STABLE - LAZY))}
