@@ -26,6 +26,13 @@ from typing import Any, Callable, Sequence
 REPO = Path(__file__).resolve().parent.parent
 BENCH_DIR = Path(__file__).resolve().parent
 
+# ACT at LeRobot's sizes (its ACTConfig defaults: 51.6 M parameters with a resnet18 backbone,
+# which each benchmark adds as --policy.vision_backbone=...). lerobot-kit's own ACT defaults
+# are sized for a CPU and the embedded task.
+LEROBOT_ACT = ["--policy.dim_model=512", "--policy.n_heads=8", "--policy.dim_feedforward=3200",
+               "--policy.n_encoder_layers=4", "--policy.n_decoder_layers=1", "--policy.n_vae_encoder_layers=4",
+               "--policy.chunk_size=100", "--policy.n_action_steps=100", "--policy.dropout=0.1"]
+
 # Variables of an outer launch or of the user's Accelerate setup, which would leak into ours.
 _LAUNCH_PREFIXES = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_", "TORCHELASTIC_", "SLURM_",

@@ -35,12 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import REPO, console_script, logged_rows
+from _common import LEROBOT_ACT, REPO, console_script, logged_rows
 
-ACT_LEROBOT = ["--policy.dim_model=512", "--policy.n_heads=8", "--policy.dim_feedforward=3200",
-               "--policy.n_encoder_layers=4", "--policy.n_decoder_layers=1", "--policy.n_vae_encoder_layers=4",
-               "--policy.chunk_size=100", "--policy.n_action_steps=100", "--policy.dropout=0.1",
-               "--policy.vision_backbone=resnet18"]
+ACT_LEROBOT = [*LEROBOT_ACT, "--policy.vision_backbone=resnet18"]
 ACT_TOY = ["--policy.dim_model=32", "--policy.n_heads=2", "--policy.dim_feedforward=64",
            "--policy.n_encoder_layers=1", "--policy.n_vae_encoder_layers=1", "--policy.chunk_size=5",
            "--policy.n_action_steps=5", "--policy.vision_backbone=resnet18"]
