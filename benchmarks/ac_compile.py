@@ -32,7 +32,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import LEROBOT_ACT, Context, Result, Row, alternate, launch_ranks, paired, rss_now, rss_peak, write_rank_result
+from _common import (
+    LEROBOT_ACT,
+    Context,
+    Result,
+    Row,
+    alternate,
+    launch_ranks,
+    paired,
+    rss_now,
+    rss_peak,
+    write_rank_result,
+)
 
 NAME = "ac_compile"
 SMOKE_ACT = ["--policy.dim_model=32", "--policy.dim_feedforward=64", "--policy.n_heads=2",

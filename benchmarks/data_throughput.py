@@ -186,7 +186,7 @@ def _data_wait(ctx: Context, result: Result, root: Path) -> None:
     result.rows.append(Row(
         "ACT at LeRobot's sizes, default workers: data wait per step vs step time", wait / len(logged),
         step / len(logged), "s", ratio, WAIT_GOAL, judge(ratio, WAIT_GOAL),
-        f"resnet18 ({torchvision}), LeRobot's ACT sizes (51.6 M parameters), batch 8; 480x640 AV1" if torchvision else "smoke",
+        f"resnet18 ({torchvision}), LeRobot's ACT sizes (51.6 M), batch 8; 480x640 AV1" if torchvision else "smoke",
     ))
 
 

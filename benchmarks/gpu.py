@@ -330,13 +330,14 @@ def speed_matrix(report: Report, work: Path, smoke: bool, select: list[str]) -> 
 # ----------------------------------------------------------------------------- main
 
 
-def provenance_with_gpu(note: str) -> dict[str, Any]:
+def provenance_with_gpu(note: str, smoke: bool) -> dict[str, Any]:
     """The result file's header: date, exact command, machine and versions (``_common.provenance``),
     with the CUDA build and the GPU's memory and compute capability."""
     import torch
 
     header = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-              "command": shlex.join(["python", "benchmarks/gpu.py", *sys.argv[1:]]), **provenance(), "notes": note}
+              "command": shlex.join(["python", "benchmarks/gpu.py", *sys.argv[1:]]), "smoke": smoke, **provenance(),
+              "notes": note}
     header["versions"]["cuda"] = torch.version.cuda
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
@@ -360,7 +361,7 @@ def main() -> None:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="lerobot_gpu_"))
     work.mkdir(parents=True, exist_ok=True)
     report = Report(args.out)
-    report.data.update(provenance_with_gpu(args.note))
+    report.data.update(provenance_with_gpu(args.note, args.smoke))
     report.write()
     if args.only in (None, "checks"):
         functional_checks(report, work, args.smoke)

@@ -76,7 +76,8 @@ def provenance(data: dict[str, Any], result: Path, page: Path, benchmarks: list[
     if machine.get("memory_gib"):
         hardware.append(f"{machine['memory_gib']} GiB")
     hardware.append(machine.get("gpu") or "no GPU")
-    where = f"{machine['cpu']} ({', '.join(hardware)})" if machine.get("cpu") else f"a machine with {', '.join(hardware)}"
+    listed = ", ".join(hardware)
+    where = f"{machine['cpu']} ({listed})" if machine.get("cpu") else f"a machine with {listed}"
     software = [f"torch {versions['torch']}" + (f" (CUDA {versions['cuda']})" if versions.get("cuda") else "")]
     if versions.get("python"):
         software.insert(0, f"Python {versions['python']}")

@@ -325,7 +325,8 @@ def quoted_defaults(rel: str) -> Iterator[tuple[str, str]]:
 
 
 def test_every_page_says_which_commands_it_is_about() -> None:
-    pages = {"README.md", "benchmarks/README.md", *(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md"))}
+    docs = {p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md")}
+    pages = {"README.md", "benchmarks/README.md", *docs}
     assert pages == set(PAGE_COMMANDS)
 
 
