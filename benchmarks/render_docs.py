@@ -21,7 +21,8 @@ benchmarks), ``trials`` (``fault_injection``'s trials), ``eval-line`` (the summa
 
 ``--check`` writes nothing and exits 1 when a block differs from what its result file
 renders, naming each (the test suite runs it: a table edited by hand, or a result file
-replaced without rendering, fails).
+replaced without rendering, fails). A block that cannot be rendered (a missing file, an
+unknown kind, a benchmark the file lacks) is one line and exit code 2.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -87,14 +89,27 @@ def provenance(data: dict[str, Any], result: Path, page: Path, benchmarks: list[
     link = f"[{result.name}]({rel})"
     date = str(data["date"]).replace("T", " ")
     notes = f" {data['notes']}" if data.get("notes") else ""
+    command = _without_note(data["command"])
     if "transcribed_from" in data:
-        return (f"Run on {date} on {where}; {', '.join(software)}; by `{data['command']}`.{notes} "
+        return (f"Run on {date} on {where}; {', '.join(software)}; by `{command}`.{notes} "
                 f"Transcribed into {link} from {data['transcribed_from']}.")
     loads = [v for name, bench in data.get("benchmarks", {}).items() if benchmarks is None or name in benchmarks
              for v in bench.get("load_average_1min", [])]
     load = f"; load average {_range(loads)} over the run" if loads else ""
-    return (f"Measured {date} on {where}{load}; {', '.join(software)}; by `{data['command']}`.{notes} "
+    return (f"Measured {date} on {where}{load}; {', '.join(software)}; by `{command}`.{notes} "
             f"Raw figures: {link}.")
+
+
+def _without_note(command: str) -> str:
+    """The command as shown: its ``--note`` is shown as the notes that follow it."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return command
+    if "--note" not in words:
+        return command
+    at = words.index("--note")
+    return shlex.join(words[:at] + words[at + 2:])
 
 
 def render_rows(data: dict[str, Any], spec: Spec) -> str:
@@ -164,14 +179,22 @@ RENDERERS: dict[str, Callable[[dict[str, Any], Spec], str]] = {
 }
 
 
+class RenderError(Exception):
+    """A figures block that cannot be rendered: its page, its marker and why."""
+
+
 def render_block(spec_text: str, page: Path) -> str:
     """What belongs between a block's markers."""
-    spec = Spec.parse(spec_text)
-    if spec.kind not in RENDERERS:
-        raise ValueError(f"unknown figures kind {spec.kind!r}; one of {', '.join(RENDERERS)}")
-    data = json.loads(spec.result.read_text())
-    only = spec.options["only"].split(",") if "only" in spec.options else None
-    return f"{provenance(data, spec.result, page, only)}\n\n{RENDERERS[spec.kind](data, spec)}\n"
+    try:
+        spec = Spec.parse(spec_text)
+        if spec.kind not in RENDERERS:
+            raise ValueError(f"unknown figures kind {spec.kind!r}; one of {', '.join(RENDERERS)}")
+        data = json.loads(spec.result.read_text())
+        only = spec.options["only"].split(",") if "only" in spec.options else None
+        return f"{provenance(data, spec.result, page, only)}\n\n{RENDERERS[spec.kind](data, spec)}\n"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        where = page.relative_to(REPO) if page.is_relative_to(REPO) else page
+        raise RenderError(f"{where}: <!-- figures: {spec_text} -->: {type(exc).__name__}: {exc}") from exc
 
 
 def render_page(page: Path) -> str:
@@ -193,7 +216,11 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a table is out of date")
     args = parser.parse_args(argv)
-    stale = stale_pages()
+    try:
+        stale = stale_pages()
+    except RenderError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.check:
         for page in stale:
             print(f"error: {page.relative_to(REPO)}: its figures differ from their result files; "
