@@ -204,7 +204,9 @@ def render_page(page: Path) -> str:
 
 
 def result_files_used(pages: list[Path] = DOCS) -> set[Path]:
-    return {Spec.parse(m.group("spec")).result for page in pages for m in BLOCK.finditer(page.read_text())}
+    """Every result file a block renders from, or compares with."""
+    specs = [Spec.parse(m.group("spec")) for page in pages for m in BLOCK.finditer(page.read_text())]
+    return {s.result for s in specs} | {REPO / s.options["compare"] for s in specs if "compare" in s.options}
 
 
 def stale_pages(pages: list[Path] = DOCS) -> list[Path]:
