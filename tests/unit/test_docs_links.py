@@ -12,7 +12,7 @@ from conftest import REPO
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "benchmarks" / "README.md"]
 PACKAGE_READMES = sorted((REPO / "contrib").glob("*/README.md"))
-FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+FENCE = re.compile(r"^[ \t]*```.*?^[ \t]*```", re.MULTILINE | re.DOTALL)
 CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.DOTALL)
 LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$", re.MULTILINE)
@@ -60,7 +60,7 @@ def named_paths(page: Path) -> list[str]:
     """Repository paths in code spans and shell code blocks, e.g. `benchmarks/run.py`."""
     text = page.read_text()
     words = [span for _, span in CODE_SPAN.findall(FENCE.sub("", text))]
-    for block in re.findall(r"^```(?:bash|sh|shell)\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
+    for block in re.findall(r"^[ \t]*```(?:bash|sh|shell)\n(.*?)^[ \t]*```", text, re.MULTILINE | re.DOTALL):
         words += block.split()
     return [w for w in words if REPO_PATH.match(w) and "<" not in w]
 
