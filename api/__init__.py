@@ -11,7 +11,8 @@ Stable:
 
 * hooks: ``hookimpl``, the marker of a plugin's ``lerobot_register_*`` functions;
 * configs: ``TrainConfig``, ``PolicyConfig``, ``DatasetConfig``, ``parse_train_config``;
-* running pieces: ``build_dataset``, ``build_policy``, ``load_pretrained``;
+* running pieces: ``build_dataset``, ``build_policy``, ``load_pretrained``, and for PEFT
+  checkpoints ``load_peft_model`` (the adapter unmerged) and ``merge_adapter``;
 * policy contract: ``Policy`` (see its docstring and the example plugin's README),
   ``feature_dims`` (a policy's camera keys, state and action sizes from ``DatasetMeta``),
   ``PolicyProcessor``, the processor interface a policy's ``make_processors`` returns
@@ -39,7 +40,7 @@ Stable:
   traceback.
 
 Importing this module does not import torch, so a plugin's hook module and config
-classes stay light (``lerobot --help`` imports every plugin). The names that need torch
+classes stay light (``lerobot train --help`` and ``lerobot plugins`` import every plugin). The names that need torch
 (``Policy``, ``feature_dims``, ``PolicyProcessor``, ``CheckpointFormat``, the weight I/O, ``is_peft_model``) are imported on
 first access; ``from lerobot_kit.api import *`` takes them all, and so imports torch.
 """
@@ -77,6 +78,8 @@ from lerobot_kit.core.offline.weight_shapes import WeightShapes
 from lerobot_kit.core.registry.hookspecs import hookimpl
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from lerobot_kit.core.checkpoint.training_state import read_safetensors
     from lerobot_kit.core.checkpoint.weights import (
         CheckpointFormat,
@@ -154,8 +157,10 @@ __all__ = [
     "hookimpl",
     "is_peft_model",
     "load_any_weights",
+    "load_peft_model",
     "load_pretrained",
     "load_state",
+    "merge_adapter",
     "model_weights",
     "pad_key",
     "parse_train_config",
@@ -173,6 +178,22 @@ def build_policy(config: PolicyConfig, meta: DatasetMeta) -> Policy:
     from lerobot_kit.core.model.policy import make_policy
 
     return make_policy(config, meta)
+
+
+def load_peft_model(path: str | Path) -> tuple[nn.Module, PolicyProcessor, PolicyProcessor]:
+    """``(model, preprocessor, postprocessor)`` from an adapter's ``pretrained_model/`` (or its
+    step folder): its base policy with the adapter applied, not merged, in inference mode."""
+    from lerobot_kit.core.checkpoint.pretrained import load_peft_model as load
+
+    return load(Path(path))
+
+
+def merge_adapter(pretrained_dir: str | Path, output_dir: str | Path) -> Path:
+    """Write ``output_dir`` as a plain ``pretrained_model/`` of base and adapter merged, which
+    loads without peft (``--policy.path``, ``load_pretrained``)."""
+    from lerobot_kit.core.checkpoint.pretrained import merge_adapter as merge
+
+    return merge(Path(pretrained_dir), Path(output_dir))
 
 
 def load_pretrained(path: str | Path) -> tuple[Policy, PolicyProcessor, PolicyProcessor]:

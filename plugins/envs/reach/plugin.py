@@ -1,4 +1,4 @@
-"""The built-in reach environment plugin (torch-free: ``lerobot --help`` imports it)."""
+"""The built-in reach environment plugin (torch-free: ``lerobot train --help`` and ``lerobot plugins`` import it)."""
 
 from __future__ import annotations
 
