@@ -17,7 +17,7 @@ from pathlib import Path, PurePath, PurePosixPath, PureWindowsPath
 from typing import Any, NamedTuple
 
 from lerobot_kit.core.errors import CheckpointError
-from lerobot_kit.core.layout.paths import DCP_METADATA
+from lerobot_kit.core.layout.paths import DCP_METADATA, link_target, resolves_inside
 
 
 class UnsafeMetadataError(CheckpointError):
@@ -221,6 +221,10 @@ def read_dcp_metadata(dcp_dir: Path, label: str | None = None) -> Metadata:
     dcp_dir = Path(dcp_dir)
     name = label or str(dcp_dir)
     meta_path = dcp_dir / DCP_METADATA
+    if meta_path.is_symlink() and not resolves_inside(meta_path, dcp_dir):
+        raise CheckpointError(
+            f"{name}/{DCP_METADATA}: links outside the shard folder; nothing outside a checkpoint is read through it"
+        )
     try:
         with meta_path.open("rb") as f:
             metadata = _MetadataUnpickler(f).load()
@@ -276,7 +280,8 @@ def check_dcp_shards(dcp_dir: Path, metadata: Metadata, label: str | None = None
     """Problems that stop the shards from being read in full, one line per file or tensor.
 
     Checks every tensor is covered by its chunks, every chunk and bytes entry has a
-    storage record, and every record's shard file exists and is long enough.
+    storage record, and every record's shard file exists inside the folder (links
+    followed: nothing outside a checkpoint is read through it) and is long enough.
     """
     dcp_dir = Path(dcp_dir)
     name = label or str(dcp_dir)
@@ -311,6 +316,12 @@ def check_dcp_shards(dcp_dir: Path, metadata: Metadata, label: str | None = None
             problems.append(f"{name}/{DCP_METADATA}: refers to {rel!r}, which is not a file inside the folder")
             continue
         shard = dcp_dir / rel_path
+        if not resolves_inside(shard, dcp_dir):
+            problems.append(
+                f"{name}/{rel}: links outside the shard folder (to {link_target(shard)}); nothing outside a checkpoint "
+                "is read through it: copy the shard in instead of linking it"
+            )
+            continue
         try:
             size = shard.stat().st_size if shard.is_file() else None
         except OSError:

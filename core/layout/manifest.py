@@ -32,7 +32,7 @@ from pathlib import Path, PurePosixPath
 from typing import TypeVar
 
 from lerobot_kit.core.errors import CheckpointError
-from lerobot_kit.core.layout.paths import MANIFEST
+from lerobot_kit.core.layout.paths import MANIFEST, link_target, resolves_inside
 
 ALGORITHM = "sha256"
 _CHUNK = 1 << 20
@@ -170,6 +170,8 @@ def verify_manifest(step_dir: Path, only: Iterable[str] | None = None) -> list[s
 
     def check(rel: str) -> str | None:
         expected, path = recorded[rel], step_dir / rel
+        if not resolves_inside(path, step_dir):
+            return f"{path}: links outside the step folder (to {link_target(path)}); nothing outside a checkpoint is read"
         try:
             size = path.stat().st_size if path.is_file() else None
         except OSError:

@@ -17,6 +17,8 @@ checkpoints/last -> NNNNNN
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 from lerobot_kit.core.errors import CheckpointError
@@ -66,34 +68,85 @@ def checkpoints_root(output_dir: Path) -> Path:
 
 
 def last_checkpoint(output_dir: Path) -> Path | None:
-    """The step folder ``checkpoints/last`` points to, or None when there is none."""
-    link = checkpoints_root(output_dir) / LAST_LINK
-    if not link.is_symlink() and not link.exists():
-        return None
-    target = link.resolve()
-    if not target.is_dir():
-        raise CheckpointError(f"{link} points to {target}, which does not exist; the checkpoint folder is damaged")
+    """The step folder ``checkpoints/last`` points to, or None when there is none.
+
+    ``last`` must name a step folder of this run: a link that loops, dangles or leads out
+    of ``checkpoints/`` (into another run, whose steps the ``--resume_from`` rule does not
+    guard) is one ``CheckpointError`` line, and nothing is read through it.
+    """
+    root = checkpoints_root(output_dir)
+    link = root / LAST_LINK
+    fix = (f"point it at a step folder of this run (ln -sfn NNNNNN {link}) or remove it (the newest complete "
+           "step folder is then used)")
+    if not link.is_symlink():
+        if not link.exists():
+            return None
+        if link.is_dir():  # a copy that dereferenced the link: a step folder itself
+            return link
+        raise CheckpointError(f"{link}: not a link to a step folder; {fix}")
+    try:
+        target = link.resolve(strict=True)
+    except RuntimeError as exc:  # Python < 3.13 reports a link loop so
+        raise CheckpointError(f"{link}: a symbolic link that loops ({exc}); {fix}") from exc
+    except OSError as exc:
+        raise CheckpointError(f"{link} points to {os.readlink(link)}, which {_unreachable(exc)}; {fix}") from exc
+    if target.parent != root.resolve() or not is_step_dir_name(target.name) or not target.is_dir():
+        raise CheckpointError(f"{link} points to {target}, which is not a step folder of {root}; {fix}")
     return target
+
+
+def follow_last(step_dir: Path) -> Path:
+    """``step_dir``, or the step folder it names when it is a run's ``checkpoints/last`` link (checked
+    as ``last_checkpoint`` checks it: a path through ``last`` never leaves the run)."""
+    step_dir = Path(step_dir)
+    if step_dir.name == LAST_LINK and step_dir.parent.name == CHECKPOINTS_DIR and step_dir.is_symlink():
+        target = last_checkpoint(step_dir.parent.parent)
+        assert target is not None  # the link exists
+        return target
+    return step_dir
+
+
+def resolves_inside(path: Path, root: Path) -> bool:
+    """Whether ``path``, every symbolic link on the way followed, lies in ``root`` (or is it)."""
+    try:
+        return Path(path).resolve().is_relative_to(Path(root).resolve())
+    except (OSError, RuntimeError):  # a link that loops
+        return False
+
+
+def link_target(path: Path) -> str:
+    """Where ``path`` leads, its links followed, for messages."""
+    try:
+        return str(Path(path).resolve())
+    except (OSError, RuntimeError):
+        return "a link that loops"
 
 
 def find_step_dir(path: Path) -> Path:
     """Accept a step folder, its ``pretrained_model/``, or a run folder (then ``last``)."""
     path = Path(path)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise CheckpointError(f"{path}: no such checkpoint folder")
     if path.name == PRETRAINED_DIR or path.name == TRAINING_STATE_DIR:
-        return path.parent
+        return follow_last(path.parent)
+    if path.name == CHECKPOINTS_DIR and ((path / LAST_LINK).is_symlink() or (path / LAST_LINK).exists()):
+        last = last_checkpoint(path.parent)
+        assert last is not None  # the link exists
+        return last
+    path = follow_last(path)
     if (path / PRETRAINED_DIR).is_dir():
         return path
     if (path / CHECKPOINTS_DIR).is_dir():
         last = last_checkpoint(path)
         if last is not None:
             return last
-    if path.name == CHECKPOINTS_DIR and (path / LAST_LINK).exists():
-        return (path / LAST_LINK).resolve()
     raise CheckpointError(
         f"{path}: not a checkpoint (expected a step folder such as checkpoints/005000 holding {PRETRAINED_DIR}/)"
     )
+
+
+def _unreachable(exc: OSError) -> str:
+    return "does not exist" if exc.errno == errno.ENOENT else f"cannot be followed ({exc.strerror or exc})"
 
 
 def find_pretrained_dir(path: Path) -> Path:

@@ -19,6 +19,7 @@ from typing import Any
 from lerobot_kit.core.errors import CheckpointError
 from lerobot_kit.core.layout import paths
 from lerobot_kit.core.layout.fsync import fsync_dir
+from lerobot_kit.core.layout.json_file import json_type, read_json
 
 WEIGHTS_KINDS = ("gathered", "dcp", "gathered+dcp")
 OPTIMIZER_KINDS = ("safetensors", "dcp")
@@ -113,6 +114,12 @@ def problems(raw: dict[str, Any]) -> list[str]:
         value = raw.get(key)
         if type(value) is int and value < (0 if key == "step" else 1):
             found.append(f"{key} is {value}, which is out of range")
+    sampler = raw.get("sampler")
+    if isinstance(sampler, dict):
+        for key in ("epoch", "offset", "samples_seen"):
+            value = sampler.get(key)
+            if type(value) is int and value < 0:
+                found.append(f"sampler.{key} is {value}, which is out of range (a data position is never negative)")
     topo = raw.get("topology")
     if isinstance(topo, dict) and all(type(topo.get(k)) is int for k in ("dp_replicate", "dp_shard")):
         dp = topo["dp_replicate"] * topo["dp_shard"]
@@ -131,12 +138,12 @@ def record_file(step_dir: Path) -> Path:
 def read_training_step(step_dir: Path) -> TrainingStep:
     """The record of a checkpoint to resume; ``CheckpointError`` when it is missing, damaged or of another layout."""
     path = record_file(step_dir)
+    if not path.exists() and not path.is_symlink():
+        raise CheckpointError(f"{path}: missing; the checkpoint is incomplete")
     try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing; the checkpoint is incomplete") from None
-    except (OSError, ValueError) as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise CheckpointError(f"{path}: unreadable ({exc}); the file is corrupt") from None
+        raw = read_json(path)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{exc}; the file is corrupt") from exc
     if isinstance(raw, dict) and other_layout(raw) is not None:
         raise CheckpointError(
             f"{path}: {other_layout(raw)}; it cannot be resumed, but its weights can still be loaded with "
@@ -174,12 +181,6 @@ def rewrite_weights_kind(pretrained_dir: Path, weights: str) -> None:
         os.fsync(file.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
-
-
-def json_type(value: Any) -> str:
-    """How a JSON value is called in messages."""
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
-            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
 
 
 _TYPE_WORDS = {int: "an integer", str: "a string", bool: "true or false"}

@@ -2,16 +2,17 @@
 
 Reads JSON, safetensors headers and DCP metadata only, never tensor data or model code,
 and never imports torch: CI can validate a checkpoint in a second, and a downloaded
-checkpoint cannot run anything. ``training_step.json`` is checked by the rules of
-``core.layout.training_step``, the ones resume reads it by.
+checkpoint cannot run anything. Every file is read and checked by ``core.layout.validate``,
+the very check a resume, ``--policy.path`` and ``lerobot eval`` pass a checkpoint through
+before reading it, so "resumable" and "loadable" here are what they accept; this module
+adds the report: checksums, the weight shapes ``config.json`` builds, the files the
+layout table requires, and the verdicts.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,10 @@ from typing import Any
 from lerobot_kit.core.errors import CheckpointError
 from lerobot_kit.core.layout import files, manifest, training_step
 from lerobot_kit.core.layout import paths as L
-from lerobot_kit.core.layout.dcp_metadata import check_dcp_shards, read_dcp_metadata, tensor_entries
-from lerobot_kit.core.layout.safetensors_header import read_safetensors_header, tensor_nbytes, tensors
-from lerobot_kit.core.layout.training_step import OPTIMIZER_KINDS, WEIGHTS_KINDS, json_type
+from lerobot_kit.core.layout.dcp_metadata import tensor_entries
+from lerobot_kit.core.layout.safetensors_header import tensor_nbytes, tensors
+from lerobot_kit.core.layout.training_step import OPTIMIZER_KINDS, WEIGHTS_KINDS
+from lerobot_kit.core.layout.validate import CheckedFolder, Entry, Problem, check_step_folder
 from lerobot_kit.core.offline.weight_shapes import expected_shapes, shape_mismatch
 
 DEFAULT_VERIFY_MAX_BYTES = 2_000_000_000
@@ -145,50 +147,34 @@ def inspect_checkpoint(
 
 
 @dataclass
-class _Problem:
-    file: str
-    message: str  # full line, starting with the file
-
-    @property
-    def blocks_loading(self) -> bool:
-        """Loading with --policy.path reads pretrained_model/, less the run config and the shards."""
-        return self.file.startswith(f"{L.PRETRAINED_DIR}/") and not self.file.startswith(
-            (f"{L.PRETRAINED_DIR}/{L.TRAIN_CONFIG}", f"{L.PRETRAINED_DIR}/{L.DCP_MODEL_DIR}")
-        )
-
-
-@dataclass
 class _Inspector:
     root: Path
     verify: bool | None
     verify_max_bytes: int
-    files: list[FileInfo] = field(default_factory=list)
-    problems: list[_Problem] = field(default_factory=list)
+    checked: CheckedFolder = field(init=False)
+    problems: list[Problem] = field(default_factory=list)
     layout_problems: list[tuple[str, str]] = field(default_factory=list)  # (file, what it is), worded at the end
-    parsed_json: dict[str, Any] = field(default_factory=dict)  # rel path -> value, for files that parse
-    headers: dict[str, dict[str, Any]] = field(default_factory=dict)  # rel path -> valid safetensors header
-    dcp_tensors: dict[str, list[TensorInfo]] = field(default_factory=dict)  # rel dir -> tensors, when whole
-    current_layout: bool = False  # training_step.json says layout LAYOUT_VERSION
     shapes_unknown: str = ""  # why config.json's weight shapes could not be known, when they could not
     checksums: Checksums = field(default_factory=lambda: Checksums("absent", ""))
     matching: set[str] = field(default_factory=set)  # files checksums.json records that were read and match
 
     def run(self) -> CheckpointReport:
-        for sub in (L.PRETRAINED_DIR, L.TRAINING_STATE_DIR):
-            self._scan(sub)
+        # Every file read and checked exactly as the loaders check it before reading.
+        self.checked = check_step_folder(self.root)
+        self.problems = list(self.checked.problems)
         size_on_disk = _tree_size(self.root)
         self.checksums = self._check_checksums(size_on_disk)
-        ts = self._check_training_step()
-        self._check_policy_files()
+        ts = self.checked.json.get(f"{L.TRAINING_STATE_DIR}/{L.TRAINING_STEP}")
+        ts = ts if isinstance(ts, dict) else None
+        if ts is not None and self.checked.other_layout is not None:
+            self.layout_problems.append((f"{L.TRAINING_STATE_DIR}/{L.TRAINING_STEP}", self.checked.other_layout))
         peft = self._is_peft(ts)
         if not peft:
             self._check_weight_shapes()
         self._require(L.PRETRAINED_DIR, L.POLICY_CONFIG)
         self._require(L.TRAINING_STATE_DIR, L.TRAINING_STEP)
-        if ts is not None and self.current_layout:
+        if ts is not None and self.checked.other_layout is None:
             self._check_required(ts)
-            if not self.layout_problems:
-                self._check_optimizer(peft)
         loadable = self._loadable(peft)
         self._word_layout_problems(loadable)
         return CheckpointReport(
@@ -199,83 +185,30 @@ class _Inspector:
             weights=self._weights_kind(ts),
             optimizer=self._optimizer_kind(ts),
             peft=peft,
-            files=self.files,
+            files=[self._file_info(entry) for entry in self.checked.entries],
             size_on_disk=size_on_disk,
-            problems=[p.message for p in self.problems],
+            problems=[p.line for p in self.problems],
             resumable=self._resumable(),
             loadable=loadable,
             checksums=self.checksums,
         )
 
-    # --- reading every file present -------------------------------------------------
-
-    def _scan(self, sub: str) -> None:
-        folder = self.root / sub
-        if not folder.is_dir():
-            return
-        try:
-            entries = sorted(folder.iterdir())
-        except OSError as err:
-            self._problem(f"{sub}/", f"cannot be listed: {err.strerror or err}")
-            return
-        for entry in entries:
-            rel = f"{sub}/{entry.name}"
-            if entry.is_dir():
-                if entry.name in (L.DCP_MODEL_DIR, L.DCP_OPTIMIZER_DIR) or (entry / L.DCP_METADATA).exists():
-                    self._read_dcp(entry, rel)
-                else:
-                    self.files.append(FileInfo(rel, "other", _tree_size(entry)))
-            elif entry.suffix == ".json":
-                self._read_json(entry, rel)
-            elif entry.suffix == ".safetensors":
-                self._read_safetensors(entry, rel)
-            else:
-                self.files.append(FileInfo(rel, "other", _file_size(entry)))
-
-    def _read_json(self, path: Path, rel: str) -> None:
-        self.files.append(FileInfo(rel, "json", _file_size(path)))
-        try:
-            self.parsed_json[rel] = json.loads(path.read_text(encoding="utf-8"))
-        except UnicodeDecodeError:
-            self._problem(rel, "not valid JSON: not UTF-8 text")
-        except (ValueError, RecursionError) as err:  # JSONDecodeError, or too deep / too long a number
-            self._problem(rel, f"not valid JSON: {err}")
-        except OSError as err:
-            self._problem(rel, f"cannot be read: {err.strerror or err}")
-
-    def _read_safetensors(self, path: Path, rel: str) -> None:
-        info = FileInfo(rel, "safetensors", _file_size(path))
-        self.files.append(info)
-        try:
-            header = read_safetensors_header(path, label=rel)
-        except CheckpointError as err:
-            self.problems.append(_Problem(rel, str(err)))
-            return
-        self.headers[rel] = header
-        info.tensors = _infos(header)
-
-    def _read_dcp(self, folder: Path, rel: str) -> None:
-        info = FileInfo(rel, "dcp", _tree_size(folder))
-        self.files.append(info)
-        try:
-            metadata = read_dcp_metadata(folder, label=rel)
-        except CheckpointError as err:
-            self.problems.append(_Problem(rel, str(err)))
-            return
-        info.tensors = [
-            TensorInfo(
-                name,
-                e.properties.dtype.name,
-                list(e.size),
-                math.prod(e.size) * e.properties.dtype.itemsize,
-                chunks=len(e.chunks),
-            )
-            for name, e in tensor_entries(metadata).items()
-        ]
-        shard_problems = check_dcp_shards(folder, metadata, label=rel)
-        self.problems.extend(_Problem(rel, line) for line in shard_problems)
-        if not shard_problems:
-            self.dcp_tensors[rel] = info.tensors
+    def _file_info(self, entry: Entry) -> FileInfo:
+        if entry.kind == "dcp":
+            info = FileInfo(entry.rel, "dcp", _tree_size(entry.path))
+            metadata = self.checked.dcp.get(entry.rel)
+            if metadata is not None:
+                info.tensors = [
+                    TensorInfo(name, e.properties.dtype.name, list(e.size),
+                               math.prod(e.size) * e.properties.dtype.itemsize, chunks=len(e.chunks))
+                    for name, e in tensor_entries(metadata).items()
+                ]
+            return info
+        size = _tree_size(entry.path) if entry.path.is_dir() else _file_size(entry.path)
+        info = FileInfo(entry.rel, entry.kind, size)
+        if entry.rel in self.checked.headers:
+            info.tensors = _infos(self.checked.headers[entry.rel])
+        return info
 
     # --- contents: checksums and weight shapes -----------------------------------------
 
@@ -303,7 +236,7 @@ class _Inspector:
         for line in lines:
             rel = line.removeprefix(f"{self.root}/")
             differing.add(rel.split(":", 1)[0])
-            self.problems.append(_Problem(rel.split(":", 1)[0], rel))
+            self.problems.append(Problem(rel.split(":", 1)[0], rel))
         self.matching = set(recorded) - differing
         if lines:
             return Checksums("failed", f"{len(lines)} of {len(recorded)} files differ from {L.MANIFEST}")
@@ -311,73 +244,28 @@ class _Inspector:
 
     def _check_weight_shapes(self) -> None:
         """The stored weights against the shapes ``config.json`` builds (its policy's ``weight_shapes``)."""
-        config = self.parsed_json.get(f"{L.PRETRAINED_DIR}/{L.POLICY_CONFIG}")
+        parsed = self.checked.json
+        config = parsed.get(f"{L.PRETRAINED_DIR}/{L.POLICY_CONFIG}")
         if not (isinstance(config, dict) and isinstance(config.get("type"), str)):
             self.shapes_unknown = f"{L.POLICY_CONFIG} names no policy type"
             return
         meta_rel = f"{L.PRETRAINED_DIR}/{L.DATASET_META}"
-        if self._exists(L.PRETRAINED_DIR, L.DATASET_META) and meta_rel not in self.parsed_json:
+        if self._exists(L.PRETRAINED_DIR, L.DATASET_META) and meta_rel not in parsed:
             self.shapes_unknown = f"{L.DATASET_META} is unreadable"
             return
-        expected = expected_shapes(config, self.parsed_json.get(meta_rel))
+        expected = expected_shapes(config, parsed.get(meta_rel))
         for name, message in expected.problems:
             self._problem(f"{L.PRETRAINED_DIR}/{name}", message)
         if expected.shapes is None:
             self.shapes_unknown = expected.why_unknown or f"{L.POLICY_CONFIG} does not describe a model"
             return
-        stored: list[tuple[str, list[TensorInfo]]] = []
-        gathered = f"{L.PRETRAINED_DIR}/{L.MODEL_WEIGHTS}"
-        if gathered in self.headers:
-            stored.append((gathered, _infos(self.headers[gathered])))
-        shards = f"{L.PRETRAINED_DIR}/{L.DCP_MODEL_DIR}"
-        if shards in self.dcp_tensors:
-            stored.append((shards, self.dcp_tensors[shards]))
-        for rel, infos in stored:
-            mismatch = shape_mismatch(expected.shapes, {t.name: tuple(t.shape) for t in infos})
+        for rel in (f"{L.PRETRAINED_DIR}/{L.MODEL_WEIGHTS}", f"{L.PRETRAINED_DIR}/{L.DCP_MODEL_DIR}"):
+            stored = self.checked.shapes(rel)
+            mismatch = shape_mismatch(expected.shapes, stored) if stored is not None else None
             if mismatch:
                 self._problem(rel, mismatch)
 
-    # --- schemas ----------------------------------------------------------------------
-
-    def _check_training_step(self) -> dict[str, Any] | None:
-        """The record's own problems, by ``TrainingStep``'s rules, and its step against the folder."""
-        rel = f"{L.TRAINING_STATE_DIR}/{L.TRAINING_STEP}"
-        ts = self.parsed_json.get(rel)
-        if ts is None:
-            return None
-        if not isinstance(ts, dict):
-            self._problem(rel, f"must be a JSON object, not {json_type(ts)}")
-            return None
-        other = training_step.other_layout(ts)
-        if other is not None:
-            self.layout_problems.append((rel, other))
-            return ts
-        self.current_layout = True
-        for line in training_step.problems(ts):
-            self._problem(rel, line)
-        if L.is_step_dir_name(self.root.name) and type(ts.get("step")) is int and ts["step"] != int(self.root.name):
-            self._problem(rel, f"step is {ts['step']}, but the folder is {self.root.name}")
-        return ts
-
-    def _check_policy_files(self) -> None:
-        """The JSON files of pretrained_model/ and their references to state files."""
-        config = self.parsed_json.get(f"{L.PRETRAINED_DIR}/{L.POLICY_CONFIG}")
-        if config is not None and not (isinstance(config, dict) and isinstance(config.get("type"), str)):
-            self._problem(f"{L.PRETRAINED_DIR}/{L.POLICY_CONFIG}", 'must be a JSON object with a "type" string')
-        for name in (L.TRAIN_CONFIG, L.ADAPTER_CONFIG):
-            value = self.parsed_json.get(f"{L.PRETRAINED_DIR}/{name}")
-            if value is not None and not isinstance(value, dict):
-                self._problem(f"{L.PRETRAINED_DIR}/{name}", f"must be a JSON object, not {json_type(value)}")
-        for name in (L.SCHEDULER_STATE, L.SCALER_STATE):
-            value = self.parsed_json.get(f"{L.TRAINING_STATE_DIR}/{name}")
-            if value is not None and not isinstance(value, dict):
-                self._problem(f"{L.TRAINING_STATE_DIR}/{name}", f"must be a JSON object, not {json_type(value)}")
-        for rel, value in self.parsed_json.items():
-            name = rel.split("/", 1)[1]
-            if rel.startswith(f"{L.PRETRAINED_DIR}/") and name.startswith((L.PREPROCESSOR, L.POSTPROCESSOR)):
-                for ref in sorted(set(_safetensors_refs(value))):
-                    if not (self.root / L.PRETRAINED_DIR / ref).is_file():
-                        self._problem(rel, f"refers to {ref}, which is missing")
+    # --- what the layout table requires -------------------------------------------------
 
     def _check_required(self, ts: dict[str, Any]) -> None:
         """Every file the layout table requires for what training_step.json says was saved,
@@ -401,7 +289,7 @@ class _Inspector:
         for file, line in files.missing(self.root, kind):
             # The table's line says why the file is needed; checksums.json's "missing" says less.
             self.problems = [p for p in self.problems if p.file != file.path]
-            self.problems.append(_Problem(file.path, line))
+            self.problems.append(Problem(file.path, line))
 
     def _require(self, sub: str, name: str) -> None:
         """A file every checkpoint holds, whatever its record says (or when there is none to say)."""
@@ -413,133 +301,20 @@ class _Inspector:
             return
         self._problem(f"{sub}/{name}", f"missing ({files.ALWAYS})")
 
-    # --- consistency between files ----------------------------------------------------
-
-    def _check_optimizer(self, peft: bool) -> None:
-        """Optimizer state must belong to these weights.
-
-        State tensors are ``state.<param>.<key>``, the parameter named by its FQN (what the
-        trainer writes) or by its index; a name found among the weights must have their
-        shape, and the other parameters' shapes must be among the remaining weights'.
-        """
-        weights = self._reference_weights(peft)
-        groups_rel = f"{L.TRAINING_STATE_DIR}/{L.OPTIMIZER_PARAM_GROUPS}"
-        state_rel = f"{L.TRAINING_STATE_DIR}/{L.OPTIMIZER_STATE}"
-        dcp_rel = f"{L.TRAINING_STATE_DIR}/{L.DCP_OPTIMIZER_DIR}"
-        if state_rel in self.headers:
-            listed = self._param_group_members(groups_rel)
-            per_param: dict[str, list[TensorInfo]] = {}
-            for t in _infos(self.headers[state_rel]):
-                param = _state_param(t.name)
-                if param is None or not t.name.startswith("state."):
-                    self._problem(state_rel, f"unexpected tensor {t.name!r} (expected state.<parameter>.<key>)")
-                    continue
-                per_param.setdefault(param, []).append(t)
-            if listed is not None:
-                stray = sorted((p for p in per_param if p not in listed), key=_natural)
-                if stray:
-                    self._problem(
-                        state_rel, f"holds state for parameter {stray[0]}, which no param group of {groups_rel} lists"
-                    )
-                if weights is not None and len(listed) > len(weights[1]):
-                    self._problem(
-                        groups_rel,
-                        f"lists {len(listed)} parameters, but {weights[0]} holds only {len(weights[1])} tensors: "
-                        "the optimizer state is not this model's",
-                    )
-            if weights is not None:
-                self._check_state_shapes(state_rel, per_param, weights)
-        elif dcp_rel in self.dcp_tensors and weights is not None:
-            per_param = {}
-            for t in self.dcp_tensors[dcp_rel]:
-                param = _state_param(t.name)
-                if param is not None:
-                    per_param.setdefault(param, []).append(t)
-            self._check_state_shapes(dcp_rel, per_param, weights)
-
-    def _param_group_members(self, rel: str) -> set[str] | None:
-        """The parameters (FQNs, or indices as strings) the param groups list."""
-        groups = self.parsed_json.get(rel)
-        if groups is None:
-            return None
-        if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
-            self._problem(rel, f"must be a JSON list of param groups (objects), not {json_type(groups)}")
-            return None
-        seen: set[str] = set()
-        for i, group in enumerate(groups):
-            params = group.get("params")
-            if not isinstance(params, list) or not all(
-                isinstance(p, str) or (type(p) is int and p >= 0) for p in params
-            ):
-                self._problem(rel, f'param group {i}: "params" must be a list of parameter names or indices')
-                return None
-            members = {str(p) for p in params}
-            twice = seen & members
-            if twice:
-                self._problem(rel, f"parameter {min(twice, key=_natural)} is in more than one param group")
-            seen |= members
-        return seen
-
-    def _check_state_shapes(
-        self, rel: str, per_param: dict[str, list[TensorInfo]], weights: tuple[str, list[TensorInfo]]
-    ) -> None:
-        source, weight_tensors = weights
-        by_name = {t.name: tuple(t.shape) for t in weight_tensors}
-        available = Counter(by_name.values())
-        unnamed: list[tuple[str, tuple[int, ...]]] = []
-        for param, states in sorted(per_param.items(), key=lambda kv: _natural(kv[0])):
-            shapes = {tuple(t.shape) for t in states if t.shape}  # scalars (e.g. Adam's step) say nothing
-            if len(shapes) > 1:
-                self._problem(rel, f"state of parameter {param} has tensors of different shapes {sorted(shapes)}")
-                return
-            if not shapes:
-                continue
-            shape = shapes.pop()
-            if param not in by_name:
-                unnamed.append((param, shape))
-            elif by_name[param] != shape:
-                self._problem(
-                    rel,
-                    f"state of parameter {param} has shape {list(shape)}, but {source} has it as "
-                    f"{list(by_name[param])}: the optimizer state is not this model's",
-                )
-                return
-            else:
-                available[shape] -= 1
-        for param, shape in unnamed:
-            if available[shape] <= 0:
-                self._problem(
-                    rel,
-                    f"state of parameter {param} has shape {list(shape)}, which no (remaining) tensor of "
-                    f"{source} has: the optimizer state is not this model's",
-                )
-                return
-            available[shape] -= 1
-
-    def _reference_weights(self, peft: bool) -> tuple[str, list[TensorInfo]] | None:
-        """The weights the optimizer updated: the gathered file, else the DCP shards."""
-        gathered = f"{L.PRETRAINED_DIR}/{L.ADAPTER_WEIGHTS if peft else L.MODEL_WEIGHTS}"
-        if gathered in self.headers:
-            return gathered, _infos(self.headers[gathered])
-        shards = f"{L.PRETRAINED_DIR}/{L.DCP_MODEL_DIR}"
-        if shards in self.dcp_tensors:
-            return shards, self.dcp_tensors[shards]
-        return None
-
     # --- verdicts ---------------------------------------------------------------------
 
     def _loadable(self, peft: bool) -> Verdict:
-        blocking = [p for p in self.problems if p.blocks_loading]
+        blocking = [p for p in self.problems if self.checked.blocks_loading(p)]
         if blocking:
-            return Verdict(False, blocking[0].message)
+            return Verdict(False, blocking[0].line)
         P = L.PRETRAINED_DIR
-        if not self._exists(P, L.POLICY_CONFIG):
+        if not self._is_file(P, L.POLICY_CONFIG):
             return Verdict(False, f"{P}/{L.POLICY_CONFIG} is missing")
-        if peft and self._exists(P, L.ADAPTER_WEIGHTS):
-            if not self._exists(P, L.ADAPTER_CONFIG):
+        if peft and self._is_file(P, L.ADAPTER_WEIGHTS):
+            if not self._is_file(P, L.ADAPTER_CONFIG):
                 return Verdict(False, f"{P}/{L.ADAPTER_CONFIG} is missing")
             return Verdict(True, f"PEFT adapter {P}/{L.ADAPTER_WEIGHTS} on its base policy")
-        if self._exists(P, L.MODEL_WEIGHTS):
+        if self._is_file(P, L.MODEL_WEIGHTS):
             weights = f"{P}/{L.MODEL_WEIGHTS}"
             if not self.shapes_unknown:
                 return Verdict(True, f"{weights}, its shapes as {L.POLICY_CONFIG} builds the model")
@@ -557,7 +332,7 @@ class _Inspector:
                 f"{weights} is whole, but its shapes are unchecked: {self.shapes_unknown}, and no verified "
                 f"{L.MANIFEST} ties it to {L.POLICY_CONFIG}",
             )
-        if f"{P}/{L.DCP_MODEL_DIR}" in self.dcp_tensors:
+        if self.checked.shapes(f"{P}/{L.DCP_MODEL_DIR}") is not None:
             return Verdict(
                 False,
                 f"the weights are DCP shards only; run `lerobot convert-dcp --checkpoint_dir={self.root}` first",
@@ -572,27 +347,28 @@ class _Inspector:
         else:
             works = f"its weights do not load either ({loadable.why})"
         self.problems[0:0] = [
-            _Problem(rel, f"{rel}: {what}; it cannot be resumed; {works}") for rel, what in self.layout_problems
+            Problem(rel, f"{rel}: {what}; it cannot be resumed; {works}") for rel, what in self.layout_problems
         ]
 
     def _resumable(self) -> Verdict:
         if not self.problems:
             return Verdict(True, "every file of the layout is present and consistent")
         more = f" (and {len(self.problems) - 1} more problems)" if len(self.problems) > 1 else ""
-        return Verdict(False, self.problems[0].message + more)
+        return Verdict(False, self.problems[0].line + more)
 
     # --- small helpers ----------------------------------------------------------------
 
     def _is_peft(self, ts: dict[str, Any] | None) -> bool:
         if ts is not None and isinstance(ts.get("peft"), bool):
             return ts["peft"]
-        return self._exists(L.PRETRAINED_DIR, L.ADAPTER_WEIGHTS)
+        return self._is_file(L.PRETRAINED_DIR, L.ADAPTER_WEIGHTS)
 
     def _weights_kind(self, ts: dict[str, Any] | None) -> str | None:
         if ts is not None and ts.get("weights") in WEIGHTS_KINDS:
             return ts["weights"]
-        gathered = self._exists(L.PRETRAINED_DIR, L.MODEL_WEIGHTS) or self._exists(L.PRETRAINED_DIR, L.ADAPTER_WEIGHTS)
-        shards = self._exists(L.PRETRAINED_DIR, L.DCP_MODEL_DIR)
+        P = L.PRETRAINED_DIR
+        gathered = self._is_file(P, L.MODEL_WEIGHTS) or self._is_file(P, L.ADAPTER_WEIGHTS)
+        shards = self._exists(P, L.DCP_MODEL_DIR)
         return {(True, False): "gathered", (False, True): "dcp", (True, True): "gathered+dcp"}.get((gathered, shards))
 
     def _optimizer_kind(self, ts: dict[str, Any] | None) -> str | None:
@@ -600,7 +376,7 @@ class _Inspector:
             return ts["optimizer"]
         if self._exists(L.TRAINING_STATE_DIR, L.DCP_OPTIMIZER_DIR):
             return "dcp"
-        return "safetensors" if self._exists(L.TRAINING_STATE_DIR, L.OPTIMIZER_STATE) else None
+        return "safetensors" if self._is_file(L.TRAINING_STATE_DIR, L.OPTIMIZER_STATE) else None
 
     def _step(self, ts: dict[str, Any] | None) -> int | None:
         if ts is not None and type(ts.get("step")) is int:
@@ -610,8 +386,11 @@ class _Inspector:
     def _exists(self, *parts: str) -> bool:
         return self.root.joinpath(*parts).exists()
 
+    def _is_file(self, *parts: str) -> bool:
+        return self.root.joinpath(*parts).is_file()
+
     def _problem(self, rel: str, message: str) -> None:
-        self.problems.append(_Problem(rel, f"{rel}: {message}"))
+        self.problems.append(Problem(rel, f"{rel}: {message}"))
 
 
 def _infos(header: dict[str, Any]) -> list[TensorInfo]:
@@ -619,28 +398,6 @@ def _infos(header: dict[str, Any]) -> list[TensorInfo]:
         TensorInfo(name, e["dtype"], e["shape"], tensor_nbytes(e["dtype"], e["shape"]))
         for name, e in tensors(header).items()
     ]
-
-
-def _state_param(name: str) -> str | None:
-    """The parameter of an optimizer tensor ``[prefix.]state.<parameter>.<key>``, else None."""
-    _, found, rest = name.partition("state.")
-    param, dot, _key = rest.rpartition(".")
-    return param if found and dot and param else None
-
-
-def _safetensors_refs(value: Any) -> list[str]:
-    """Every string in a processor JSON that names a ``.safetensors`` state file."""
-    if isinstance(value, str):
-        return [value] if value.endswith(".safetensors") else []
-    if isinstance(value, dict):
-        return [ref for v in value.values() for ref in _safetensors_refs(v)]
-    if isinstance(value, list):
-        return [ref for v in value for ref in _safetensors_refs(v)]
-    return []
-
-
-def _natural(key: str) -> tuple[int, str]:
-    return (int(key), "") if key.isdigit() else (1 << 62, key)
 
 
 def _gb(n: int) -> str:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
+from lerobot_kit.core.checkpoint.training_state import capture_rng, save_rng
 from lerobot_kit.core.layout import paths as L
 from lerobot_kit.core.layout.manifest import write_manifest
 from lerobot_kit.core.layout.dcp_metadata import TORCH_DTYPE_ITEMSIZE, UnsafeMetadataError, read_dcp_metadata
@@ -67,6 +68,15 @@ def _write_json(path: Path, value: Any) -> None:
     path.write_text(json.dumps(value, indent=2))
 
 
+DATASET_META = {
+    "features": {"observation.state": {"dtype": "float32", "shape": [4]}, "action": {"dtype": "float32", "shape": [2]}},
+    "stats": {"action": {"mean": [0.0, 0.0], "std": [1.0, 1.0]}},
+    "fps": 10,
+    "num_episodes": 2,
+    "num_frames": 40,
+}
+
+
 def write_checkpoint(
     run_dir: Path, *, weights: str = "gathered", optimizer: str = "safetensors", dp_shard: int = 1,
     peft: bool = False, mixed_precision: str = "no", optimizer_keys: str = "fqn", checksums: bool = True,
@@ -86,18 +96,19 @@ def write_checkpoint(
 
     _write_json(pre / L.POLICY_CONFIG, {"type": "toy", "hidden": 3})
     _write_json(pre / L.TRAIN_CONFIG, {"policy": {"type": "act"}, "dataset": {"type": "reach"}, "steps": 1000})
-    _write_json(pre / "dataset_meta.json", {"fps": 10, "features": {"action": {"shape": [2]}}})
+    _write_json(pre / "dataset_meta.json", DATASET_META)
     if "gathered" in weights:
         if peft:
             save_file(weights_sd, pre / L.ADAPTER_WEIGHTS)
-            _write_json(pre / L.ADAPTER_CONFIG, {"peft_type": "LORA", "r": 2})
+            _write_json(pre / L.ADAPTER_CONFIG, {"peft_type": "LORA", "r": 2,
+                                                "base_model_name_or_path": str(write_base(run_dir / "base"))})
         else:
             save_file(weights_sd, pre / L.MODEL_WEIGHTS)
     if "dcp" in weights:
         dcp.save(weights_sd, checkpoint_id=pre / L.DCP_MODEL_DIR, no_dist=True)
-    for proc in (L.PREPROCESSOR, L.POSTPROCESSOR):
-        stats = f"{proc}_step_0_normalizer.safetensors"
-        steps = [{"registry_name": "normalizer", "state_file": stats}]
+    for proc, step in ((L.PREPROCESSOR, "normalize"), (L.POSTPROCESSOR, "unnormalize")):
+        stats = f"{proc}_step_0_{step}.safetensors"
+        steps = [{"registry_name": step, "config": {"modes": {"action": "mean_std"}}, "state_file": stats}]
         _write_json(pre / f"{proc}.json", {"name": proc, "steps": steps})
         save_file({"action.mean": torch.zeros(2), "action.std": torch.ones(2)}, pre / stats)
 
@@ -106,11 +117,12 @@ def write_checkpoint(
         _save_optimizer_safetensors(optimizer_sd, state)
     else:
         dcp.save(optimizer_sd, checkpoint_id=state / L.DCP_OPTIMIZER_DIR, no_dist=True)
-    save_file({"torch_rng_state": torch.get_rng_state()}, state / L.RNG_STATE)
+    world = 2
+    save_rng([capture_rng() for _ in range(world)], state)
     _write_json(state / L.SCHEDULER_STATE, {"last_epoch": STEP, "base_lrs": [1e-3]})
     if mixed_precision == "fp16":
-        _write_json(state / L.SCALER_STATE, {"scale": 65536.0, "growth_factor": 2.0})
-    world = 2
+        _write_json(state / L.SCALER_STATE, {"scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                                            "growth_interval": 2000, "growth_tracker": 7})
     _write_json(
         state / L.TRAINING_STEP,
         {
@@ -138,6 +150,14 @@ def write_checkpoint(
         write_manifest(step_dir)
     os.symlink(step_dir.name, run_dir / L.CHECKPOINTS_DIR / L.LAST_LINK)
     return step_dir
+
+
+def write_base(folder: Path) -> Path:
+    """The plain policy folder an adapter names as its base (``config.json`` and full weights)."""
+    folder.mkdir(parents=True)
+    _write_json(folder / L.POLICY_CONFIG, {"type": "toy", "hidden": 3})
+    save_file(_model().state_dict(), folder / L.MODEL_WEIGHTS)
+    return folder
 
 
 def run_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -341,7 +361,7 @@ def test_training_step_schema(tmp_path: Path, change: dict[str, Any], message: s
 def test_missing_files_and_bad_config(tmp_path: Path) -> None:
     step_dir = write_checkpoint(tmp_path, mixed_precision="fp16")
     (step_dir / L.TRAINING_STATE_DIR / L.SCALER_STATE).unlink()
-    (step_dir / L.PRETRAINED_DIR / f"{L.PREPROCESSOR}_step_0_normalizer.safetensors").unlink()
+    (step_dir / L.PRETRAINED_DIR / f"{L.PREPROCESSOR}_step_0_normalize.safetensors").unlink()
     _write_json(step_dir / L.PRETRAINED_DIR / L.POLICY_CONFIG, {"dim_model": 8})
     report = inspect_checkpoint(step_dir)
     assert not report.ok and not report.loadable.ok
@@ -349,7 +369,7 @@ def test_missing_files_and_bad_config(tmp_path: Path) -> None:
         "training_state/scaler_state.json: missing (training_state/training_step.json says mixed_precision: fp16)"
     ) in report.problems
     assert (
-        "pretrained_model/policy_preprocessor.json: refers to policy_preprocessor_step_0_normalizer.safetensors, "
+        "pretrained_model/policy_preprocessor.json: step 0: refers to policy_preprocessor_step_0_normalize.safetensors, "
         "which is missing"
     ) in report.problems
     assert 'pretrained_model/config.json: must be a JSON object with a "type" string' in report.problems

@@ -1,0 +1,597 @@
+"""Every file of a checkpoint checked before anything reads it: the loaders and ``inspect-checkpoint`` share it.
+
+A resume, ``--policy.path``, ``lerobot eval`` and ``load_pretrained`` read a checkpoint's
+JSON files, safetensors files and DCP folders; ``inspect-checkpoint`` reports on them.
+All of them go through ``check_step_folder`` / ``check_pretrained_folder``, which read
+each file once (JSON, safetensors headers, DCP metadata, never tensor data) and check it
+by the rule of its kind, so a damaged file is one line naming it before any model is
+built, and inspect's "resumable" and "loadable" are what the loaders accept.
+``check_resumable`` and ``check_loadable`` turn the first problem into the loaders'
+``CheckpointError``. What only torch can tell (the values inside a random state, the
+optimizer state against the live model) the loader checks itself, in the same words.
+
+Nothing outside the checkpoint is read through it: every entry of ``pretrained_model/``
+and ``training_state/`` must resolve inside the step folder (links followed), a
+processor's ``state_file`` is a file name in its folder, and DCP shards lie in theirs
+(``dcp_metadata.check_dcp_shards``).
+
+The rules describe what lerobot-kit writes: ``training_step.json`` by ``TrainingStep``'s
+own rules, the learning-rate schedule and loss scaler as the run saves them
+(``last_epoch`` and ``base_lrs``; ``scale``, its factors and counters), the random state
+of every rank as ``core.checkpoint.training_state`` captures it. Torch-free.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.core.layout import paths as L
+from lerobot_kit.core.layout.dcp_metadata import Metadata, check_dcp_shards, read_dcp_metadata, tensor_entries
+from lerobot_kit.core.layout.files import resumable_record
+from lerobot_kit.core.layout.json_file import json_type, read_json
+from lerobot_kit.core.layout.safetensors_header import read_safetensors_header, tensors
+from lerobot_kit.core.layout.stored_weights import StoredWeights
+from lerobot_kit.core.layout.training_step import TrainingStep, other_layout
+from lerobot_kit.core.layout.training_step import problems as record_problems
+
+Shapes = dict[str, tuple[int, ...]]
+
+# The PEFT methods lerobot-kit trains, as adapter_config.json's peft_type spells them,
+# and the peft config class of each.
+PEFT_METHODS: dict[str, str] = {"LORA": "LoraConfig", "LOHA": "LoHaConfig", "LOKR": "LoKrConfig", "IA3": "IA3Config"}
+
+# One rank's random state (``rank<r>.<name>``): dtype and shape as torch, numpy and Python keep it.
+RNG_ENTRIES: dict[str, tuple[str, list[int]]] = {
+    "torch": ("U8", [5056]),  # the CPU generator's state
+    "numpy": ("I64", [624]),  # MT19937 keys
+    "numpy_extra": ("I64", [2]),  # position, has_gauss
+    "numpy_gauss": ("F64", [1]),
+    "python": ("I64", [625]),  # random.getstate()'s internal tuple
+    "python_extra": ("I64", [1]),  # its version
+    "python_gauss": ("F64", [1]),
+}
+CUDA_RNG = "cuda"  # the current GPU's generator, when there was one: bytes whose length torch decides
+
+OUTSIDE = "nothing outside a checkpoint is read through it: copy the file in instead of linking it"
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str  # relative to the checked folder's root, e.g. "pretrained_model/config.json"
+    line: str  # the whole line, starting with ``file``
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry of ``pretrained_model/`` or ``training_state/`` (a DCP folder counts as one)."""
+
+    rel: str
+    path: Path
+    kind: str  # json | safetensors | dcp | other
+
+
+@dataclass
+class CheckedFolder:
+    """A checkpoint folder read and checked: what parsed, and every problem, one line each.
+
+    ``root`` is the step folder (or the parent of a bare ``pretrained_model``-like folder,
+    ``pretrained``); files are named relative to it. Nothing may resolve outside ``inside``.
+    """
+
+    root: Path
+    pretrained: str  # the sub-folder holding the loadable files
+    inside: Path
+    entries: list[Entry] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    json: dict[str, Any] = field(default_factory=dict)  # rel -> value, for files that parse
+    headers: dict[str, dict[str, Any]] = field(default_factory=dict)  # rel -> valid safetensors header
+    dcp: dict[str, Metadata] = field(default_factory=dict)  # rel -> metadata of a DCP folder that read
+    incomplete: set[str] = field(default_factory=set)  # DCP folders whose shards are missing or short
+    record: TrainingStep | None = None  # training_step.json, when it is a valid record of this layout
+    other_layout: str | None = None  # why training_step.json is of another layout, when it is
+
+    def blocks_loading(self, problem: Problem) -> bool:
+        """Loading (``--policy.path``, eval) reads the pretrained folder, less the run config and the shards."""
+        prefix = f"{self.pretrained}/"
+        if not (problem.file == prefix or problem.file.startswith(prefix)):
+            return False
+        name = problem.file.removeprefix(prefix).split("/", 1)[0]
+        return name not in (L.TRAIN_CONFIG, L.DCP_MODEL_DIR)
+
+    def shapes(self, rel: str) -> Shapes | None:
+        """Tensor name -> shape of a safetensors file or whole DCP folder that was read."""
+        if rel in self.headers:
+            return {name: tuple(e["shape"]) for name, e in tensors(self.headers[rel]).items()}
+        if rel in self.dcp and rel not in self.incomplete:
+            return {name: tuple(e.size) for name, e in tensor_entries(self.dcp[rel]).items()}
+        return None
+
+    # --- reading every entry ------------------------------------------------------------
+
+    def scan(self, sub: str) -> None:
+        folder = self.root / sub
+        if not folder.is_dir():
+            return
+        if not L.resolves_inside(folder, self.inside):
+            self._problem(f"{sub}/", f"links outside the checkpoint (to {L.link_target(folder)}); {OUTSIDE}")
+            return
+        try:
+            children = sorted(folder.iterdir())
+        except OSError as err:
+            self._problem(f"{sub}/", f"cannot be listed: {err.strerror or err}")
+            return
+        for child in children:
+            self._read(sub, child)
+
+    def _read(self, sub: str, path: Path) -> None:
+        rel = f"{sub}/{path.name}"
+        if not L.resolves_inside(path, self.inside):
+            self.entries.append(Entry(rel, path, "other"))
+            self._problem(rel, f"links outside the checkpoint (to {L.link_target(path)}); {OUTSIDE}")
+            return
+        if path.is_dir():
+            if path.name in (L.DCP_MODEL_DIR, L.DCP_OPTIMIZER_DIR) or (path / L.DCP_METADATA).exists():
+                self.entries.append(Entry(rel, path, "dcp"))
+                self._read_dcp(path, rel)
+                return
+            self.entries.append(Entry(rel, path, "other"))
+            if path.suffix in (".json", ".safetensors"):
+                self._problem(rel, "a folder, not a file")
+            return
+        if path.suffix == ".json":
+            self.entries.append(Entry(rel, path, "json"))
+            try:
+                self.json[rel] = read_json(path, label=rel)
+            except CheckpointError as err:
+                self.problems.append(Problem(rel, str(err)))
+                return
+            for line in self._json_rule(sub, path.name)(self.json[rel]):
+                self._problem(rel, line)
+        elif path.suffix == ".safetensors":
+            self.entries.append(Entry(rel, path, "safetensors"))
+            try:
+                self.headers[rel] = read_safetensors_header(path, label=rel)
+            except CheckpointError as err:
+                self.problems.append(Problem(rel, str(err)))
+                return
+            if sub == L.TRAINING_STATE_DIR and path.name == L.RNG_STATE:
+                for line in rng_problems(self.headers[rel]):
+                    self._problem(rel, line)
+        else:
+            self.entries.append(Entry(rel, path, "other"))
+
+    def _read_dcp(self, folder: Path, rel: str) -> None:
+        try:
+            metadata = read_dcp_metadata(folder, label=rel)
+        except CheckpointError as err:
+            self.problems.append(Problem(rel, str(err)))
+            return
+        shard_problems = check_dcp_shards(folder, metadata, label=rel)
+        self.problems.extend(Problem(rel, line) for line in shard_problems)
+        if shard_problems:
+            self.incomplete.add(rel)
+        self.dcp[rel] = metadata
+
+    def _json_rule(self, sub: str, name: str) -> Callable[[Any], list[str]]:
+        if sub == L.TRAINING_STATE_DIR:
+            rules: dict[str, Callable[[Any], list[str]]] = {
+                L.TRAINING_STEP: self._training_step,
+                L.SCHEDULER_STATE: scheduler_problems,
+                L.SCALER_STATE: scaler_problems,
+                L.OPTIMIZER_PARAM_GROUPS: param_groups_problems,
+            }
+            return rules.get(name, _anything)
+        if sub != self.pretrained:
+            return _anything
+        if name.startswith((L.PREPROCESSOR, L.POSTPROCESSOR)):
+            return lambda value: processor_problems(value, self.root / sub, self.inside)
+        rules = {
+            L.POLICY_CONFIG: policy_config_problems,
+            L.DATASET_META: dataset_meta_problems,
+            L.TRAIN_CONFIG: _object,
+            L.ADAPTER_CONFIG: adapter_config_problems,
+        }
+        return rules.get(name, _anything)
+
+    def _training_step(self, raw: Any) -> list[str]:
+        if not isinstance(raw, dict):
+            return [f"must be a JSON object, not {json_type(raw)}"]
+        self.other_layout = other_layout(raw)
+        if self.other_layout is not None:
+            return []  # not damage: the reader words it (it cannot be resumed, its weights may load)
+        found = record_problems(raw)
+        folder = self.root.name
+        if L.is_step_dir_name(folder) and type(raw.get("step")) is int and raw["step"] != int(folder):
+            found.append(f"step is {raw['step']}, but the folder is {folder}")
+        if not found:
+            self.record = TrainingStep.from_json(raw, L.TRAINING_STEP)
+        return found
+
+    # --- consistency between files ------------------------------------------------------
+
+    def check_optimizer(self) -> None:
+        """The optimizer state must belong to these weights.
+
+        State tensors are ``state.<param>.<key>``, the parameter named by its FQN (what the
+        trainer writes) or by its index; a name found among the weights must have their
+        shape, and the other parameters' shapes must be among the remaining weights'. Only
+        for a valid record of this layout, and not for a sharded run's gathered optimizer
+        state (an older layout, which readers refuse as such).
+        """
+        T = L.TRAINING_STATE_DIR
+        record = self.record
+        if record is None or (record.sharded and not (self.root / T / L.DCP_OPTIMIZER_DIR).is_dir()):
+            return
+        groups_rel, state_rel, dcp_rel = (f"{T}/{L.OPTIMIZER_PARAM_GROUPS}", f"{T}/{L.OPTIMIZER_STATE}",
+                                          f"{T}/{L.DCP_OPTIMIZER_DIR}")
+        weights = self._reference_weights(record.peft)
+        if state_rel in self.headers:
+            listed = group_members(self.json.get(groups_rel))
+            per_param: dict[str, list[tuple[int, ...]]] = {}
+            for name, shape in (self.shapes(state_rel) or {}).items():
+                param = state_param(name)
+                if param is None or not name.startswith("state."):
+                    self._problem(state_rel, f"unexpected tensor {name!r} (expected state.<parameter>.<key>)")
+                    continue
+                per_param.setdefault(param, []).append(shape)
+            if listed is not None:
+                stray = sorted((p for p in per_param if p not in listed), key=natural)
+                if stray:
+                    self._problem(
+                        state_rel, f"holds state for parameter {stray[0]}, which no param group of {groups_rel} lists"
+                    )
+                if weights is not None and len(listed) > len(weights[1]):
+                    self._problem(
+                        groups_rel,
+                        f"lists {len(listed)} parameters, but {weights[0]} holds only {len(weights[1])} tensors: "
+                        "the optimizer state is not this model's",
+                    )
+            if weights is not None:
+                self._check_state_shapes(state_rel, per_param, weights)
+        elif self.shapes(dcp_rel) is not None and weights is not None:
+            per_param = {}
+            for name, shape in (self.shapes(dcp_rel) or {}).items():
+                param = state_param(name)
+                if param is not None:
+                    per_param.setdefault(param, []).append(shape)
+            self._check_state_shapes(dcp_rel, per_param, weights)
+
+    def _check_state_shapes(
+        self, rel: str, per_param: dict[str, list[tuple[int, ...]]], weights: tuple[str, Shapes]
+    ) -> None:
+        source, by_name = weights
+        available = Counter(by_name.values())
+        unnamed: list[tuple[str, tuple[int, ...]]] = []
+        for param, states in sorted(per_param.items(), key=lambda kv: natural(kv[0])):
+            shapes = {shape for shape in states if shape}  # scalars (e.g. Adam's step) say nothing
+            if len(shapes) > 1:
+                self._problem(rel, f"state of parameter {param} has tensors of different shapes "
+                                   f"{sorted(list(s) for s in shapes)}")
+                return
+            if not shapes:
+                continue
+            shape = shapes.pop()
+            if param not in by_name:
+                unnamed.append((param, shape))
+            elif by_name[param] != shape:
+                self._problem(
+                    rel,
+                    f"state of parameter {param} has shape {list(shape)}, but {source} has it as "
+                    f"{list(by_name[param])}: the optimizer state is not this model's",
+                )
+                return
+            else:
+                available[shape] -= 1
+        for param, shape in unnamed:
+            if available[shape] <= 0:
+                self._problem(
+                    rel,
+                    f"state of parameter {param} has shape {list(shape)}, which no (remaining) tensor of "
+                    f"{source} has: the optimizer state is not this model's",
+                )
+                return
+            available[shape] -= 1
+
+    def _reference_weights(self, peft: bool) -> tuple[str, Shapes] | None:
+        """The weights the optimizer updated: the gathered file, else whole DCP shards."""
+        P = self.pretrained
+        for rel in (f"{P}/{L.ADAPTER_WEIGHTS if peft else L.MODEL_WEIGHTS}", f"{P}/{L.DCP_MODEL_DIR}"):
+            shapes = self.shapes(rel)
+            if shapes is not None:
+                return rel, shapes
+        return None
+
+    def _problem(self, rel: str, what: str) -> None:
+        self.problems.append(Problem(rel, f"{rel}: {what}"))
+
+
+def check_step_folder(step_dir: Path) -> CheckedFolder:
+    """Every file of a step folder's ``pretrained_model/`` and ``training_state/``, read and checked."""
+    step_dir = Path(step_dir)
+    checked = CheckedFolder(step_dir, L.PRETRAINED_DIR, step_dir)
+    checked.scan(L.PRETRAINED_DIR)
+    checked.scan(L.TRAINING_STATE_DIR)
+    checked.check_optimizer()
+    return checked
+
+
+def check_pretrained_folder(folder: Path) -> CheckedFolder:
+    """Every file of a loadable folder: a step folder's ``pretrained_model/`` (nothing may
+    leave the step folder) or a folder ``save_pretrained`` wrote (nothing may leave it)."""
+    folder = Path(folder)
+    if folder.name == L.PRETRAINED_DIR and (folder.parent / L.TRAINING_STATE_DIR).is_dir():
+        checked = CheckedFolder(folder.parent, L.PRETRAINED_DIR, folder.parent)
+    else:
+        checked = CheckedFolder(folder.parent, folder.name, folder)
+    checked.scan(checked.pretrained)
+    return checked
+
+
+def check_resumable(step_dir: Path, advice: str) -> TrainingStep:
+    """The record of a step folder a resume can continue from (``files.resumable_record``), once
+    every file in it passed its check; else one ``CheckpointError`` line naming the first problem."""
+    record = resumable_record(step_dir, advice)
+    checked = check_step_folder(step_dir)
+    _refuse(checked.root, checked.problems, f"the checkpoint is damaged: {advice}")
+    return record
+
+
+def check_loadable(pretrained_dir: Path, advice: str = "load an earlier step folder of the run") -> None:
+    """Refuse, in one ``CheckpointError`` line, a folder whose files loading would read are damaged."""
+    checked = check_pretrained_folder(pretrained_dir)
+    _refuse(checked.root, [p for p in checked.problems if checked.blocks_loading(p)],
+            f"the checkpoint is damaged: {advice}")
+
+
+def _refuse(root: Path, problems: list[Problem], why: str) -> None:
+    if problems:
+        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        raise CheckpointError(f"{root}/{problems[0].line}{more}; {why}")
+
+
+# --- one rule per kind of file: the problems of a parsed value, one line each -------------
+
+
+def _anything(value: Any) -> list[str]:
+    return []
+
+
+def _object(value: Any) -> list[str]:
+    return [] if isinstance(value, dict) else [f"must be a JSON object, not {json_type(value)}"]
+
+
+def policy_config_problems(value: Any) -> list[str]:
+    """``config.json``: its policy's own config, of which loading first needs the ``type``."""
+    if isinstance(value, dict) and isinstance(value.get("type"), str):
+        return []
+    line = 'must be a JSON object with a "type" string'
+    return [line if isinstance(value, dict) else f"{line}, not {json_type(value)}"]
+
+
+def dataset_meta_problems(value: Any) -> list[str]:
+    """``dataset_meta.json``: the features the policy was built for, their stats, and counts."""
+    if not isinstance(value, dict):
+        return [f"must be a JSON object, not {json_type(value)}"]
+    found = []
+    features = value.get("features")
+    if not isinstance(features, dict):
+        found.append(f'"features" must be an object of features, not {_shown(features)}')
+    else:
+        for key, spec in features.items():
+            if not (isinstance(spec, dict) and isinstance(spec.get("dtype"), str) and isinstance(spec.get("shape"), list)
+                    and all(_is_count(d) for d in spec["shape"])):
+                found.append(f"feature {key!r} must be an object with a dtype string and a shape (a list of sizes)")
+                break
+    stats = value.get("stats")
+    if not (isinstance(stats, dict) and all(
+            isinstance(s, dict) and all(_is_numbers(v) for v in s.values()) for s in stats.values())):
+        found.append('"stats" must be an object of per-feature objects of numbers (or lists of them)')
+    for key in ("fps", "num_episodes", "num_frames"):
+        if not _is_count(value.get(key)):
+            found.append(f"{key} must be a non-negative integer, not {_shown(value.get(key))}")
+    return found
+
+
+def adapter_config_problems(value: Any) -> list[str]:
+    """``adapter_config.json`` (peft's own): a method lerobot-kit trains, and a base that loads."""
+    if not isinstance(value, dict):
+        return [f"must be a JSON object, not {json_type(value)}"]
+    peft_type = value.get("peft_type")
+    if peft_type not in PEFT_METHODS:
+        return [f"peft_type is {_shown(peft_type)}, not a PEFT method lerobot-kit loads ({', '.join(PEFT_METHODS)})"]
+    base = value.get("base_model_name_or_path")
+    if not isinstance(base, str) or not base:
+        return ["records no base_model_name_or_path, so the base policy is unknown"]
+    problem = base_problem(Path(base))
+    return [problem] if problem else []
+
+
+def base_problem(base: Path, _seen: frozenset[Path] = frozenset()) -> str | None:
+    """Why the base policy an adapter names cannot be loaded under it, or None.
+
+    Loading reads the base's ``config.json`` and its one weights file: a folder that is
+    gone, that holds only DCP shards, or that is itself an adapter whose bases lead back
+    to it does not load. The base's other files are checked when it is loaded.
+    """
+    fix = "put the base back, or edit base_model_name_or_path to where it now lives"
+    if not (base / L.POLICY_CONFIG).is_file():
+        return f"its base policy {base} is gone (no {L.POLICY_CONFIG} there); {fix}"
+    where = base.resolve()
+    if where in _seen:
+        return f"its base policy {base} leads back to an adapter already on the way, a loop; {fix}"
+    try:
+        stored = StoredWeights.of(base)
+        stored.gathered_file()
+    except CheckpointError as err:
+        return f"its base policy {base} does not load: {err}"
+    if not stored.adapter:
+        return None
+    try:
+        outer = read_json(base / L.ADAPTER_CONFIG)
+    except CheckpointError as err:
+        return f"its base policy {base} is an adapter whose config is unreadable: {err}"
+    inner = outer.get("base_model_name_or_path") if isinstance(outer, dict) else None
+    if not isinstance(inner, str) or not inner:
+        return f"its base policy {base} is an adapter that records no base of its own"
+    return base_problem(Path(inner), _seen | {where})
+
+
+def processor_problems(value: Any, folder: Path, inside: Path) -> list[str]:
+    """A processor pipeline (``policy_preprocessor.json``, ...): a list of steps, each an
+    object whose ``state_file`` is a safetensors file of ``folder`` itself."""
+    if not isinstance(value, dict) or not isinstance(value.get("steps"), list):
+        return [f'must be a JSON object with a "steps" list, not {_shown(value)}']
+    found = []
+    for i, step in enumerate(value["steps"]):
+        if not isinstance(step, dict):
+            found.append(f"step {i} must be an object, not {json_type(step)}")
+            continue
+        if not isinstance(step.get("registry_name", ""), str):
+            found.append(f"step {i}: registry_name must be a string, not {_shown(step['registry_name'])}")
+        if not isinstance(step.get("config", {}), dict):
+            found.append(f"step {i}: config must be an object, not {json_type(step['config'])}")
+        ref = step.get("state_file")
+        if ref is not None:
+            problem = _state_file_problem(ref, folder, inside)
+            if problem:
+                found.append(f"step {i}: {problem}")
+    return found
+
+
+def _state_file_problem(ref: Any, folder: Path, inside: Path) -> str | None:
+    if not isinstance(ref, str) or not ref.endswith(".safetensors") or PurePosixPath(ref).name != ref or "\\" in ref:
+        return (f"state_file {ref!r} is not the name of a .safetensors file in {folder.name}/; {OUTSIDE}"
+                if isinstance(ref, str) else f"state_file must be a file name, not {json_type(ref)}")
+    path = folder / ref
+    if not L.resolves_inside(path, inside):
+        return f"state_file {ref} links outside the checkpoint (to {L.link_target(path)}); {OUTSIDE}"
+    if not path.is_file():
+        return f"refers to {ref}, which is missing"
+    return None
+
+
+def scheduler_problems(value: Any) -> list[str]:
+    """``scheduler_state.json``: where the learning-rate schedule stood, and its base rates."""
+    if not isinstance(value, dict):
+        return [f"must be a JSON object, not {json_type(value)}"]
+    found = []
+    epoch = value.get("last_epoch")
+    if not _is_count(epoch):
+        found.append(f"last_epoch must be a non-negative integer (the schedule's step), not {_shown(epoch)}")
+    rates = value.get("base_lrs")
+    if not (isinstance(rates, list) and rates and all(_is_finite(r) and r >= 0 for r in rates)):
+        found.append(f"base_lrs must be a list of learning rates (finite, 0 or more), not {_shown(rates)}")
+    return found
+
+
+def scaler_problems(value: Any) -> list[str]:
+    """``scaler_state.json``: the fp16 loss scale, its growth and back-off, and their counters."""
+    if not isinstance(value, dict):
+        return [f"must be a JSON object, not {json_type(value)}"]
+    found = []
+    for key in ("scale", "growth_factor", "backoff_factor"):
+        if not (_is_finite(value.get(key)) and value[key] > 0):
+            found.append(f"{key} must be a finite number above 0, not {_shown(value.get(key))}")
+    if not (_is_count(value.get("growth_interval")) and value["growth_interval"] > 0):
+        found.append(f"growth_interval must be a positive integer, not {_shown(value.get('growth_interval'))}")
+    if not _is_count(value.get("growth_tracker")):
+        found.append(f"growth_tracker must be a non-negative integer, not {_shown(value.get('growth_tracker'))}")
+    return found
+
+
+def param_groups_problems(value: Any) -> list[str]:
+    """``optimizer_param_groups.json``: a list of groups, each listing its parameters, none in two groups."""
+    if not isinstance(value, list) or not all(isinstance(g, dict) for g in value):
+        return [f"must be a JSON list of param groups (objects), not {json_type(value)}"]
+    found = []
+    seen: set[str] = set()
+    for i, group in enumerate(value):
+        params = group.get("params")
+        if not isinstance(params, list) or not all(isinstance(p, str) or _is_count(p) for p in params):
+            return [f'param group {i}: "params" must be a list of parameter names or indices']
+        if "betas" in group and not (isinstance(group["betas"], list) and all(_is_finite(b) for b in group["betas"])):
+            found.append(f"param group {i}: betas must be a list of numbers, not {_shown(group['betas'])}")
+        members = {str(p) for p in params}
+        twice = seen & members
+        if twice:
+            found.append(f"parameter {min(twice, key=natural)} is in more than one param group")
+        seen |= members
+    return found
+
+
+def group_members(value: Any) -> set[str] | None:
+    """The parameters (FQNs, or indices as strings) valid param groups list; None when they are not valid."""
+    if param_groups_problems(value):
+        return None
+    return {str(p) for group in value for p in group["params"]}
+
+
+def rng_problems(header: dict[str, Any]) -> list[str]:
+    """``rng_state.safetensors``: every rank's random state whole, as a resume restores it."""
+    per_rank: dict[int, set[str]] = {}
+    for name, entry in tensors(header).items():
+        rank, _, key = name.partition(".")
+        if not (rank.startswith("rank") and rank[4:].isdigit() and (key in RNG_ENTRIES or key == CUDA_RNG)):
+            return [f"unexpected entry {name!r} (expected rank<r>.<{'|'.join([*RNG_ENTRIES, CUDA_RNG])}>)"]
+        dtype, shape = entry["dtype"], entry["shape"]
+        expected = RNG_ENTRIES.get(key)
+        if expected is None:  # cuda: bytes of any length torch's GPU generator keeps
+            fits = dtype == "U8" and len(shape) == 1 and shape[0] > 0
+            expected_text = "U8 [n]"
+        else:
+            fits = (dtype, shape) == expected
+            expected_text = f"{expected[0]} {expected[1]}"
+        if not fits:
+            return [f"entry {name!r} is {dtype} {shape}, but a saved random state is {expected_text}: it is "
+                    "truncated or not lerobot-kit's"]
+        per_rank.setdefault(int(rank[4:]), set()).add(key)
+    if 0 not in per_rank:
+        return ["holds no random state of rank 0"]
+    for rank, keys in sorted(per_rank.items()):
+        lacking = [key for key in RNG_ENTRIES if key not in keys]
+        if lacking:
+            return [f"rank {rank}'s random state lacks {', '.join(lacking)}"]
+    return []
+
+
+# --- small helpers ------------------------------------------------------------------------
+
+
+def state_param(name: str) -> str | None:
+    """The parameter of an optimizer tensor ``[prefix.]state.<parameter>.<key>``, else None."""
+    _, found, rest = name.partition("state.")
+    param, dot, _key = rest.rpartition(".")
+    return param if found and dot and param else None
+
+
+def natural(key: str) -> tuple[int, str]:
+    return (int(key), "") if key.isdigit() else (1 << 62, key)
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _is_finite(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def _is_numbers(value: Any) -> bool:
+    """A number, or a (nested) list of numbers: a stat of any shape."""
+    if isinstance(value, list):
+        return all(_is_numbers(v) for v in value)
+    return type(value) in (int, float)
+
+
+def _shown(value: Any) -> str:
+    """A value as a message shows it: short, and ``missing`` for an absent key."""
+    if value is None:
+        return "missing (or null)"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
