@@ -19,6 +19,7 @@ from lerobot_kit.core.errors import (
     CheckpointError,
     ConfigError,
 )
+from lerobot_kit.core.layout.paths import DamagedLastError
 from lerobot_kit.core.offline.inspect import DEFAULT_VERIFY_MAX_BYTES, CheckpointReport, FileInfo, inspect_checkpoint
 
 EXIT_OK = 0
@@ -31,7 +32,8 @@ EXIT_OK = 0
         f"  {EXIT_OK}  the checkpoint is valid\n"
         f"  {EXIT_PROBLEMS}  problems found: a file is missing, truncated, unreadable, inconsistent,\n"
         "     differs from checksums.json, or holds weights of other shapes than config.json's model,\n"
-        "     or the layout is old or unknown (each problem is one line naming the file)\n"
+        "     or the layout is old or unknown (each problem is one line naming the file), or the run's\n"
+        "     checkpoints/last link loops, dangles or leads out of the run\n"
         f"  {EXIT_USAGE}  usage error: PATH does not exist or is not a checkpoint\n"
         f"  {EXIT_INTERNAL} internal error: a bug in lerobot-kit (set {DEBUG_ENV}=1 for the traceback)"
     ),
@@ -59,6 +61,8 @@ def command(ctx: click.Context, path: Path, as_json: bool, verify: bool | None, 
     with command_errors(as_json=as_json):
         try:
             report = inspect_checkpoint(path, verify=verify, verify_max_bytes=verify_max_bytes)
+        except DamagedLastError:  # the run's own last link is broken: a problem found (exit 1)
+            raise
         except CheckpointError as err:  # PATH is not a checkpoint at all: the usage is wrong
             raise ConfigError(str(err)) from err
         if as_json:

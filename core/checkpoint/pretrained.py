@@ -8,8 +8,8 @@ the naming of the model (``core.model.naming``). ``--policy.path``, ``load_pretr
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 from torch import Tensor, nn
@@ -26,7 +26,9 @@ from lerobot_kit.core.layout.paths import (
     PREPROCESSOR,
     find_pretrained_dir,
 )
+from lerobot_kit.core.layout.json_file import read_json
 from lerobot_kit.core.layout.stored_weights import StoredWeights
+from lerobot_kit.core.layout.validate import check_loadable
 from lerobot_kit.core.model.naming import ModelWeights
 from lerobot_kit.core.model.peft import attach_adapter, model_weights, recorded_base
 from lerobot_kit.core.model.policy import Policy, make_policy, write_json
@@ -74,11 +76,15 @@ def load_pretrained(directory: Path, *, load_weights: bool = True) -> tuple[Poli
     A folder recorded as a PEFT adapter gives its base policy, loaded from the path
     ``adapter_config.json`` records, with the adapter merged in: a plain ``Policy``
     (``load_peft_model`` keeps the adapter unmerged).
+
+    Every file loading reads is checked first (``check_loadable``), so a damaged folder
+    is one ``CheckpointError`` line naming the file before anything is built.
     """
     directory = find_pretrained_dir(Path(directory))
+    check_loadable(directory)
     stored = StoredWeights.of(directory) if load_weights else None
     if stored is not None and stored.adapter:
-        model, preprocessor, postprocessor = load_peft_model(directory)
+        model, preprocessor, postprocessor = _adapter_on_base(directory)
         return model.merge_and_unload(), preprocessor, postprocessor
     config, meta = _read_policy(directory)
     if stored is not None:
@@ -93,7 +99,8 @@ def load_pretrained_weights(policy: nn.Module, path: Path) -> None:
     """The weights of a pretrained folder (or step folder) into ``policy`` (``--policy.path``).
 
     Strict: a missing, extra or mis-shaped tensor means the folder was saved by another
-    policy shape, which must not be half-loaded silently.
+    policy shape, which must not be half-loaded silently. The run's spec checked the
+    folder (``check_loadable``) before the model was built.
     """
     _load_stored(model_weights(policy), StoredWeights.of(find_pretrained_dir(Path(path))))
 
@@ -106,6 +113,12 @@ def load_peft_model(directory: Path) -> tuple[nn.Module, PolicyProcessor, Policy
     tensor is an error. The processors are the adapter folder's (those the run trained with).
     """
     directory = find_pretrained_dir(Path(directory))
+    check_loadable(directory)
+    return _adapter_on_base(directory)
+
+
+def _adapter_on_base(directory: Path) -> tuple[nn.Module, PolicyProcessor, PolicyProcessor]:
+    """``load_peft_model`` of a folder ``check_loadable`` passed."""
     stored = StoredWeights.of(directory)
     stored.require_kind(ADAPTER_WEIGHTS)
     stored.gathered_file()  # before loading the base
@@ -162,10 +175,8 @@ def _read_policy(directory: Path) -> tuple[PolicyConfig, DatasetMeta]:
     return config, meta
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing; the pretrained_model folder is incomplete") from None
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc}); the file is damaged") from None
+        return read_json(path)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{exc}; the pretrained_model folder is incomplete or damaged") from exc

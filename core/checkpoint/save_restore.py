@@ -24,7 +24,6 @@ from lerobot_kit.core.checkpoint.training_state import (
     capture_rng,
     load_full_optimizer,
     load_rng,
-    read_json,
     restore_rng,
     save_full_optimizer,
     save_rng,
@@ -36,6 +35,7 @@ from lerobot_kit.core.distributed.process_group import barrier, broadcast_object
 from lerobot_kit.core.errors import CheckpointError
 from lerobot_kit.core.layout import atomic, paths
 from lerobot_kit.core.layout.files import RESUME_ADVICE, resumable_record
+from lerobot_kit.core.layout.json_file import read_json
 from lerobot_kit.core.layout.stored_weights import StoredWeights
 from lerobot_kit.core.layout.training_step import SamplerPosition, TrainingStep
 from lerobot_kit.core.layout.verify import damage
@@ -156,7 +156,7 @@ def restore_checkpoint(state: CheckpointState, step_dir: Path) -> Restored:
             piece.state.load_state_dict(read_json(file))
     rng = load_rng(state_dir, ctx.rank)
     if rng is not None:
-        restore_rng(rng)
+        restore_rng(rng, state_dir / paths.RNG_STATE)
     return Restored(record.step, DataPosition(**asdict(record.sampler)), record)
 
 

@@ -19,19 +19,11 @@ from safetensors.torch import load_file, save_file
 
 from lerobot_kit.core.errors import CheckpointError, first_line
 from lerobot_kit.core.layout import paths
+from lerobot_kit.core.layout.json_file import read_json
 
 
 def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise CheckpointError(f"{path}: missing; the checkpoint is incomplete") from exc
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); the file is corrupt") from exc
 
 
 def save_full_optimizer(state: dict[str, Any], directory: Path) -> None:
@@ -84,7 +76,22 @@ def capture_rng() -> dict[str, torch.Tensor]:
     return tensors
 
 
-def restore_rng(tensors: dict[str, torch.Tensor]) -> None:
+def restore_rng(tensors: dict[str, torch.Tensor], source: Path) -> None:
+    """Put back one rank's random state, as ``capture_rng`` took it, read from ``source``.
+
+    Names, dtypes and shapes were checked before the resume began
+    (``core.layout.validate.rng_problems``); values that torch, numpy or Python refuse
+    are one ``CheckpointError`` line naming ``source``.
+    """
+    try:
+        _restore_rng(tensors)
+    except (RuntimeError, ValueError, TypeError, OverflowError) as exc:
+        raise CheckpointError(
+            f"{source}: the saved random state cannot be restored ({first_line(exc)}); the file is damaged"
+        ) from exc
+
+
+def _restore_rng(tensors: dict[str, torch.Tensor]) -> None:
     torch.set_rng_state(tensors["torch"])
     if "cuda" in tensors and torch.cuda.is_available():
         torch.cuda.set_rng_state(tensors["cuda"])

@@ -15,7 +15,7 @@ from typing import Any, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 from lerobot_kit.core.config.schema import DatasetConfig, EnvConfig, PolicyConfig, Section, TrainConfig
-from lerobot_kit.core.errors import ConfigError, LerobotError
+from lerobot_kit.core.errors import CheckpointError, ConfigError, LerobotError
 
 CONFIG_PATH_FLAG = "config_path"
 POLYMORPHIC = {"policy": ("policy", PolicyConfig), "dataset": ("dataset", DatasetConfig), "env": ("env", EnvConfig)}
@@ -220,13 +220,17 @@ def _other_types_by_field(kind: str, selected: str) -> dict[str, list[str]]:
 
 
 def _pretrained_policy_config(path: str) -> dict[str, Any]:
-    from lerobot_kit.core.layout.paths import find_pretrained_dir
+    """The ``config.json`` of ``--policy.path``, by the rule every checkpoint reader checks it with."""
+    from lerobot_kit.core.layout.json_file import read_json
+    from lerobot_kit.core.layout.paths import POLICY_CONFIG, find_pretrained_dir
+    from lerobot_kit.core.layout.validate import policy_config_problems
 
-    config_file = find_pretrained_dir(Path(path)) / "config.json"
-    try:
-        return json.loads(config_file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"--policy.path={path}: cannot read {config_file}: {exc}") from exc
+    config_file = find_pretrained_dir(Path(path)) / POLICY_CONFIG
+    config = read_json(config_file)
+    problems = policy_config_problems(config)
+    if problems:
+        raise CheckpointError(f"{config_file}: {problems[0]}; the checkpoint is damaged: load an earlier step folder")
+    return config
 
 
 def build_train_config(raw: dict[str, Any], typed_by_file: frozenset[str] = frozenset()) -> TrainConfig:

@@ -125,7 +125,7 @@ class Evaluator:
                 seeds = [self.seed + i for i in indices]
                 torch.manual_seed(seeds[0])
                 policy.reset()
-                episodes += run_batch(self._env(len(indices)), act, indices, seeds, record)
+                episodes += run_batch(self._env(len(indices)), act, indices, seeds, record, who="policy")
         return episodes
 
     def _expert_episodes(self, batches: list[list[int]]) -> list[Episode]:
@@ -133,7 +133,8 @@ class Evaluator:
         episodes: list[Episode] = []
         for indices in batches:
             env = self._env(len(indices))
-            episodes += run_batch(env, _expert_actor(env), indices, [self.seed + i for i in indices], set())
+            seeds = [self.seed + i for i in indices]
+            episodes += run_batch(env, _expert_actor(env), indices, seeds, set(), who="expert")
         return episodes
 
     def _write_video(self, episode: Episode, output_dir: Path) -> Episode:

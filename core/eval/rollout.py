@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from lerobot_kit.core.errors import LerobotError
 from lerobot_kit.core.eval.env import Observation, VectorEnv
 
 Actor = Callable[[Observation], np.ndarray]
@@ -39,8 +40,17 @@ class Episode:
                 "success": self.success, "seed": self.seed}
 
 
-def run_batch(env: VectorEnv, act: Actor, indices: list[int], seeds: list[int], record: set[int]) -> list[Episode]:
-    """Episodes ``indices`` (environment ``i`` starts from ``seeds[i]``); frames kept for those in ``record``."""
+class NonFiniteActionError(LerobotError):
+    """An actor's action holds NaN or infinity: no episode it drives has a meaningful result."""
+
+
+def run_batch(env: VectorEnv, act: Actor, indices: list[int], seeds: list[int], record: set[int],
+              who: str) -> list[Episode]:
+    """Episodes ``indices`` (environment ``i`` starts from ``seeds[i]``); frames kept for those in ``record``.
+
+    ``who`` drives them (``policy``, ``expert``): an action of it that is not finite stops
+    the batch with one line naming the episode and the step.
+    """
     n = env.num_envs
     observation, info = env.reset(seed=seeds)
     done = np.zeros(n, dtype=bool)
@@ -52,8 +62,10 @@ def run_batch(env: VectorEnv, act: Actor, indices: list[int], seeds: list[int], 
     frames: dict[int, list[np.ndarray]] = {i: [] for i in recorded}
     paths: list[np.ndarray] = []
     _keep(env, info, recorded, frames, paths, done)
-    for _ in range(env.max_episode_steps):
-        observation, reward, terminated, truncated, info = env.step(act(observation))
+    for step in range(1, env.max_episode_steps + 1):
+        action = act(observation)
+        _check_finite(action, step, indices, seeds, who)
+        observation, reward, terminated, truncated, info = env.step(action)
         alive = ~done
         reward = np.asarray(reward, dtype=np.float64)
         sum_reward += np.where(alive, reward, 0.0)
@@ -75,6 +87,18 @@ def run_batch(env: VectorEnv, act: Actor, indices: list[int], seeds: list[int], 
         )
         for i, index in enumerate(indices)
     ]
+
+
+def _check_finite(action: np.ndarray, step: int, indices: list[int], seeds: list[int], who: str) -> None:
+    finite = np.isfinite(np.asarray(action, dtype=np.float64).reshape(len(indices), -1)).all(axis=1)
+    if finite.all():
+        return
+    i = int(np.argmin(finite))
+    raise NonFiniteActionError(
+        f"the {who}'s action at step {step} of episode {indices[i]} (seed {seeds[i]}) is not finite (NaN or "
+        "infinity), so no episode it drives means anything: its weights or normalisation stats hold NaN or "
+        "infinity, or its computation overflows; evaluate an earlier step folder of the run"
+    )
 
 
 def _keep(env: VectorEnv, info: dict, recorded: list[int], frames: dict[int, list[np.ndarray]],

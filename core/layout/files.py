@@ -121,6 +121,6 @@ def resumable_record(step_dir: Path, advice: str) -> TrainingStep:
     record_file = Path(step_dir) / T / paths.TRAINING_STEP
     if not record_file.is_file():
         raise CheckpointError(f"{record_file}: missing ({ALWAYS}); the checkpoint is incomplete: {advice}")
-    record = read_training_step(step_dir)
+    record = read_training_step(step_dir, advice)
     check_complete(step_dir, record, advice)
     return record

@@ -55,6 +55,11 @@ DCP_METADATA = ".metadata"
 MANIFEST = "checksums.json"
 
 
+class DamagedLastError(CheckpointError):
+    """A run's ``checkpoints/last`` that cannot be followed, or leads out of the run: the run
+    folder is damaged (not a wrong path), and nothing is read through the link."""
+
+
 def step_dir_name(step: int) -> str:
     return f"{step:06d}"
 
@@ -83,15 +88,15 @@ def last_checkpoint(output_dir: Path) -> Path | None:
             return None
         if link.is_dir():  # a copy that dereferenced the link: a step folder itself
             return link
-        raise CheckpointError(f"{link}: not a link to a step folder; {fix}")
+        raise DamagedLastError(f"{link}: not a link to a step folder; {fix}")
     try:
         target = link.resolve(strict=True)
     except RuntimeError as exc:  # Python < 3.13 reports a link loop so
-        raise CheckpointError(f"{link}: a symbolic link that loops ({exc}); {fix}") from exc
+        raise DamagedLastError(f"{link}: a symbolic link that loops; {fix}") from exc
     except OSError as exc:
-        raise CheckpointError(f"{link} points to {os.readlink(link)}, which {_unreachable(exc)}; {fix}") from exc
+        raise DamagedLastError(f"{link} points to {os.readlink(link)}, which {_unreachable(exc)}; {fix}") from exc
     if target.parent != root.resolve() or not is_step_dir_name(target.name) or not target.is_dir():
-        raise CheckpointError(f"{link} points to {target}, which is not a step folder of {root}; {fix}")
+        raise DamagedLastError(f"{link} points to {target}, which is not a step folder of {root}; {fix}")
     return target
 
 

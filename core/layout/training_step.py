@@ -135,21 +135,28 @@ def record_file(step_dir: Path) -> Path:
     return step_dir / paths.TRAINING_STATE_DIR / paths.TRAINING_STEP
 
 
-def read_training_step(step_dir: Path) -> TrainingStep:
-    """The record of a checkpoint to resume; ``CheckpointError`` when it is missing, damaged or of another layout."""
+def read_training_step(step_dir: Path, advice: str | None = None) -> TrainingStep:
+    """The record of a checkpoint to resume; ``CheckpointError`` when it is missing, damaged or of
+    another layout. ``advice``: what to do about a damaged one, said after the problem."""
     path = record_file(step_dir)
     if not path.exists() and not path.is_symlink():
         raise CheckpointError(f"{path}: missing; the checkpoint is incomplete")
+    damaged = "the file is corrupt" if advice is None else f"the checkpoint is damaged: {advice}"
     try:
         raw = read_json(path)
     except CheckpointError as exc:
-        raise CheckpointError(f"{exc}; the file is corrupt") from exc
+        raise CheckpointError(f"{exc}; {damaged}") from exc
     if isinstance(raw, dict) and other_layout(raw) is not None:
         raise CheckpointError(
             f"{path}: {other_layout(raw)}; it cannot be resumed, but its weights can still be loaded with "
             "--policy.path"
         )
-    return TrainingStep.from_json(raw, path)
+    try:
+        return TrainingStep.from_json(raw, path)
+    except CheckpointError as exc:
+        if advice is None:
+            raise
+        raise CheckpointError(f"{exc}; {damaged}") from exc
 
 
 def recorded_training_step(step_dir: Path) -> TrainingStep | None:

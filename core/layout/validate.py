@@ -219,8 +219,9 @@ class CheckedFolder:
         """The optimizer state must belong to these weights.
 
         State tensors are ``state.<param>.<key>``, the parameter named by its FQN (what the
-        trainer writes) or by its index; a name found among the weights must have their
-        shape, and the other parameters' shapes must be among the remaining weights'. Only
+        trainer writes) or by its index. A full model's weights carry the same names, so an
+        FQN must be among them, with their shape; indices (and a PEFT adapter's parameters,
+        stored under peft's names) must find their shapes among the remaining weights'. Only
         for a valid record of this layout, and not for a sharded run's gathered optimizer
         state (an older layout, which readers refuse as such).
         """
@@ -246,29 +247,41 @@ class CheckedFolder:
                     self._problem(
                         state_rel, f"holds state for parameter {stray[0]}, which no param group of {groups_rel} lists"
                     )
-                if weights is not None and len(listed) > len(weights[1]):
-                    self._problem(
-                        groups_rel,
-                        f"lists {len(listed)} parameters, but {weights[0]} holds only {len(weights[1])} tensors: "
-                        "the optimizer state is not this model's",
-                    )
+                if weights is not None:
+                    self._check_listed(groups_rel, listed, weights, named=not record.peft)
             if weights is not None:
-                self._check_state_shapes(state_rel, per_param, weights)
+                self._check_state_shapes(state_rel, per_param, weights, named=not record.peft)
         elif self.shapes(dcp_rel) is not None and weights is not None:
             per_param = {}
             for name, shape in (self.shapes(dcp_rel) or {}).items():
                 param = state_param(name)
                 if param is not None:
                     per_param.setdefault(param, []).append(shape)
-            self._check_state_shapes(dcp_rel, per_param, weights)
+            self._check_state_shapes(dcp_rel, per_param, weights, named=not record.peft)
+
+    def _check_listed(self, rel: str, listed: set[str], weights: tuple[str, Shapes], *, named: bool) -> None:
+        source, by_name = weights
+        unknown = sorted((p for p in listed if not p.isdigit() and p not in by_name), key=natural)
+        if named and unknown:
+            self._problem(rel, f"lists parameter {unknown[0]}, which {source} does not hold: the optimizer state is "
+                               "not this model's")
+        elif len(listed) > len(by_name):
+            self._problem(rel, f"lists {len(listed)} parameters, but {source} holds only {len(by_name)} tensors: the "
+                               "optimizer state is not this model's")
 
     def _check_state_shapes(
-        self, rel: str, per_param: dict[str, list[tuple[int, ...]]], weights: tuple[str, Shapes]
+        self, rel: str, per_param: dict[str, list[tuple[int, ...]]], weights: tuple[str, Shapes], *, named: bool
     ) -> None:
+        """``named``: the weights are stored under the model's own names (not a PEFT adapter's),
+        so a parameter named by FQN must be one of them."""
         source, by_name = weights
         available = Counter(by_name.values())
         unnamed: list[tuple[str, tuple[int, ...]]] = []
         for param, states in sorted(per_param.items(), key=lambda kv: natural(kv[0])):
+            if named and not param.isdigit() and param not in by_name:
+                self._problem(rel, f"holds state for parameter {param}, which {source} does not hold: the optimizer "
+                                   "state is not this model's")
+                return
             shapes = {shape for shape in states if shape}  # scalars (e.g. Adam's step) say nothing
             if len(shapes) > 1:
                 self._problem(rel, f"state of parameter {param} has tensors of different shapes "
@@ -384,8 +397,7 @@ def dataset_meta_problems(value: Any) -> list[str]:
         found.append(f'"features" must be an object of features, not {_shown(features)}')
     else:
         for key, spec in features.items():
-            if not (isinstance(spec, dict) and isinstance(spec.get("dtype"), str) and isinstance(spec.get("shape"), list)
-                    and all(_is_count(d) for d in spec["shape"])):
+            if not _is_feature(spec):
                 found.append(f"feature {key!r} must be an object with a dtype string and a shape (a list of sizes)")
                 break
     stats = value.get("stats")
@@ -572,6 +584,12 @@ def state_param(name: str) -> str | None:
 
 def natural(key: str) -> tuple[int, str]:
     return (int(key), "") if key.isdigit() else (1 << 62, key)
+
+
+def _is_feature(spec: Any) -> bool:
+    """A feature of ``dataset_meta.json``: a dtype and a shape (a list of sizes)."""
+    return (isinstance(spec, dict) and isinstance(spec.get("dtype"), str) and isinstance(spec.get("shape"), list)
+            and all(_is_count(d) for d in spec["shape"]))
 
 
 def _is_count(value: Any) -> bool:

@@ -20,7 +20,6 @@ apply, so no format or loader has code of its own for adapters.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
@@ -32,7 +31,9 @@ from torch import nn
 
 from lerobot_kit.core.config.schema import PeftConfig, TrainConfig
 from lerobot_kit.core.errors import CheckpointError, ConfigError
-from lerobot_kit.core.layout.paths import ADAPTER_CONFIG, ADAPTER_WEIGHTS, POLICY_CONFIG, find_pretrained_dir
+from lerobot_kit.core.layout.json_file import read_json
+from lerobot_kit.core.layout.paths import ADAPTER_CONFIG, ADAPTER_WEIGHTS, find_pretrained_dir
+from lerobot_kit.core.layout.validate import PEFT_METHODS, adapter_config_problems
 from lerobot_kit.core.model.naming import FullNaming, ModelWeights, WeightNaming
 
 if TYPE_CHECKING:
@@ -44,8 +45,9 @@ INSTALL_HINT = "pip install 'lerobot-kit[peft]'"
 ADAPTER_NAME = "default"  # peft's default; saved keys never contain it
 
 # Methods that adapt plain nn.Linear/Conv layers of any nn.Module by name and train with
-# an ordinary optimizer loop: --peft.method_type -> peft config class.
-METHODS: dict[str, str] = {"LORA": "LoraConfig", "LOHA": "LoHaConfig", "LOKR": "LoKrConfig", "IA3": "IA3Config"}
+# an ordinary optimizer loop: --peft.method_type -> peft config class. The checkpoint
+# check knows them too (an adapter_config.json of another peft_type does not load).
+METHODS: dict[str, str] = PEFT_METHODS
 
 
 def import_peft() -> ModuleType:
@@ -258,21 +260,14 @@ def model_weights(model: nn.Module) -> ModelWeights:
 
 
 def recorded_base(directory: Path) -> Path:
-    """The base ``pretrained_model/`` an adapter folder's ``adapter_config.json`` names; it must exist."""
+    """The base ``pretrained_model/`` an adapter folder's ``adapter_config.json`` names; it must
+    exist and load (``core.layout.validate``'s rule for the file, which inspect applies too)."""
     config_file = directory / ADAPTER_CONFIG
-    try:
-        recorded = json.loads(config_file.read_text()).get("base_model_name_or_path")
-    except (OSError, json.JSONDecodeError, AttributeError) as exc:
-        raise CheckpointError(f"{config_file}: unreadable adapter config ({exc})") from None
-    if not recorded:
-        raise CheckpointError(f"{config_file}: records no base_model_name_or_path, so the base policy is unknown")
-    base = Path(recorded)
-    if not (base / POLICY_CONFIG).is_file():
-        raise CheckpointError(
-            f"{config_file}: its base policy {base} is gone (no {POLICY_CONFIG} there); put the base back, or edit "
-            "base_model_name_or_path to where it now lives"
-        )
-    return base
+    recorded = read_json(config_file)
+    problems = adapter_config_problems(recorded)
+    if problems:
+        raise CheckpointError(f"{config_file}: {problems[0]}")
+    return Path(recorded["base_model_name_or_path"])
 
 
 def attach_adapter(base: nn.Module, directory: Path) -> nn.Module:

@@ -23,7 +23,10 @@ from safetensors.torch import load_file, save_file
 
 from lerobot_kit.core.config.schema import PolicyConfig
 from lerobot_kit.core.data.dataset import ACTION_KEY, DatasetMeta
-from lerobot_kit.core.errors import CheckpointError, ConfigError
+from lerobot_kit.core.errors import CheckpointError, ConfigError, first_line
+from lerobot_kit.core.layout.json_file import read_json
+from lerobot_kit.core.layout.safetensors_header import read_safetensors_header
+from lerobot_kit.core.layout.validate import processor_problems
 
 Mode = Literal["mean_std", "min_max"]
 MODES: tuple[str, ...] = ("mean_std", "min_max")
@@ -150,18 +153,16 @@ class PolicyProcessor:
 
     @classmethod
     def load(cls, directory: Path, name: str) -> PolicyProcessor:
+        """The processor ``save`` wrote as ``name``; its file is checked by the rule inspect-checkpoint
+        applies (steps are objects, state files lie in ``directory``), and a damaged one is one line."""
         directory = Path(directory)
         path = directory / f"{name}.json"
-        try:
-            saved = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise CheckpointError(f"{path}: missing; the pretrained_model folder is incomplete") from None
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(f"{path}: not valid JSON ({exc}); the file is damaged") from None
-        if not isinstance(saved, dict) or not isinstance(saved.get("steps"), list):
-            raise CheckpointError(f"{path}: no 'steps' list; the file is damaged")
+        saved = read_json(path)
+        problems = processor_problems(saved, directory, directory)
+        if problems:
+            raise CheckpointError(f"{path}: {problems[0]}; the file is damaged")
         steps: list[ProcessorStep] = []
-        for entry in saved["steps"]:
+        for i, entry in enumerate(saved["steps"]):
             registry_name = entry.get("registry_name")
             step_class = STEP_TYPES.get(registry_name)
             if step_class is None:
@@ -172,10 +173,15 @@ class PolicyProcessor:
             state: dict[str, torch.Tensor] = {}
             if entry.get("state_file"):
                 state_path = directory / entry["state_file"]
-                if not state_path.is_file():
-                    raise CheckpointError(f"{state_path}: missing; {path.name} needs it")
+                read_safetensors_header(state_path)  # one line for a damaged file, where safetensors says less
                 state = load_file(str(state_path))
-            steps.append(step_class.from_saved(entry.get("config", {}), state))
+            try:
+                steps.append(step_class.from_saved(entry.get("config", {}), state))
+            except (KeyError, TypeError, ValueError, ConfigError) as exc:
+                raise CheckpointError(
+                    f"{path}: step {i} ({registry_name}) cannot be rebuilt from its config and state "
+                    f"({type(exc).__name__}: {first_line(exc)}); the file is damaged"
+                ) from exc
         return cls(steps)
 
 

@@ -20,7 +20,8 @@ from typing import Any
 from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.errors import CheckpointError, ConfigError
 from lerobot_kit.core.layout import paths
-from lerobot_kit.core.layout.files import RESUME_ADVICE, resumable_record
+from lerobot_kit.core.layout.files import RESUME_ADVICE
+from lerobot_kit.core.layout.validate import check_loadable, check_resumable
 from lerobot_kit.core.parallel.dims import ParallelDims
 from lerobot_kit.core.run.output_dir import check_writable
 from lerobot_kit.core.run.resume_rules import check_resume_changes
@@ -79,8 +80,10 @@ def resolve_run(config: TrainConfig, world_size: int, restarts: Restarts = Resta
     output_dir, resume_from, note = _output_and_resume(config, restarts)
     check_writable(output_dir)
     discarded: tuple[Path, ...] = ()
+    if config.policy.path and (peft_base is not None or resume_from is None):
+        check_loadable(paths.find_pretrained_dir(Path(config.policy.path)))  # the weights the run starts from
     if resume_from is not None:
-        resumable_record(resume_from, RESUME_ADVICE)
+        check_resumable(resume_from, RESUME_ADVICE)
         check_resume_changes(config, resume_from, output_dir, peft_base)
         if restarts.count == 0 and config.resume_from is not None:
             discarded = later_steps(output_dir, _step_number(resume_from))
@@ -261,8 +264,8 @@ def _step_dir_of(config_path: str | None) -> Path | None:
     """The step folder a ``.../checkpoints/NNNNNN/pretrained_model/train_config.json`` lives in."""
     if not config_path:
         return None
-    pretrained = Path(config_path).resolve().parent
+    pretrained = Path(config_path).absolute().parent
     if pretrained.name != paths.PRETRAINED_DIR:
         return None
-    step_dir = pretrained.parent
+    step_dir = paths.follow_last(pretrained.parent).resolve()  # through a run's last, only into that run
     return step_dir if (step_dir / paths.TRAINING_STATE_DIR).is_dir() else None

@@ -120,7 +120,8 @@ def test_load_errors_name_the_file(dataset, tmp_path: Path) -> None:
     pre, _ = make_processors(ACTConfig(), dataset.meta)
     pre.save(tmp_path, "policy_preprocessor")
     (tmp_path / "policy_preprocessor_step_0_normalize.safetensors").unlink()
-    with pytest.raises(CheckpointError, match="policy_preprocessor_step_0_normalize.safetensors: missing"):
+    missing = "refers to policy_preprocessor_step_0_normalize.safetensors, which is missing"
+    with pytest.raises(CheckpointError, match=missing):
         PolicyProcessor.load(tmp_path, "policy_preprocessor")
     (tmp_path / "policy_preprocessor.json").write_text(json.dumps({"steps": [{"registry_name": "tokenize"}]}))
     with pytest.raises(CheckpointError, match="unknown processor step 'tokenize'"):
