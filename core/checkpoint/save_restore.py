@@ -131,9 +131,10 @@ def _check_resumable(step_dir: Path, record: TrainingStep) -> None:
 def restore_checkpoint(state: CheckpointState, step_dir: Path) -> Restored:
     """Collective: load weights, optimizer, the JSON pieces and RNG onto the current topology.
 
-    The main process first checks every file it is about to read against the checkpoint's
-    manifest (all but the weight kind this topology does not read), and every rank stops
-    alike when one differs.
+    Every file's contents passed ``core.layout.validate.check_resumable`` when the run's
+    spec was resolved, before the model was built. The main process first checks every
+    file it is about to read against the checkpoint's manifest (all but the weight kind
+    this topology does not read), and every rank stops alike when one differs.
     """
     ctx = state.ctx
     problem = None

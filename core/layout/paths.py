@@ -128,17 +128,21 @@ def link_target(path: Path) -> str:
 
 
 def find_step_dir(path: Path) -> Path:
-    """Accept a step folder, its ``pretrained_model/``, or a run folder (then ``last``)."""
+    """Accept a step folder, its ``pretrained_model/``, or a run folder (then ``last``); a path
+    through a run's ``last`` is followed only into that run."""
     path = Path(path)
-    if not path.exists() and not path.is_symlink():
-        raise CheckpointError(f"{path}: no such checkpoint folder")
     if path.name == PRETRAINED_DIR or path.name == TRAINING_STATE_DIR:
-        return follow_last(path.parent)
+        step_dir = follow_last(path.parent)
+        if not path.is_dir():
+            raise CheckpointError(f"{path}: no such checkpoint folder")
+        return step_dir
     if path.name == CHECKPOINTS_DIR and ((path / LAST_LINK).is_symlink() or (path / LAST_LINK).exists()):
         last = last_checkpoint(path.parent)
         assert last is not None  # the link exists
         return last
     path = follow_last(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint folder")
     if (path / PRETRAINED_DIR).is_dir():
         return path
     if (path / CHECKPOINTS_DIR).is_dir():
@@ -150,13 +154,13 @@ def find_step_dir(path: Path) -> Path:
     )
 
 
-def _unreachable(exc: OSError) -> str:
-    return "does not exist" if exc.errno == errno.ENOENT else f"cannot be followed ({exc.strerror or exc})"
-
-
 def find_pretrained_dir(path: Path) -> Path:
     """A folder holding ``config.json``: a ``pretrained_model/`` or a step folder's."""
     path = Path(path)
-    if (path / POLICY_CONFIG).is_file():
+    if path.name != PRETRAINED_DIR and (path / POLICY_CONFIG).is_file():
         return path
     return find_step_dir(path) / PRETRAINED_DIR
+
+
+def _unreachable(exc: OSError) -> str:
+    return "does not exist" if exc.errno == errno.ENOENT else f"cannot be followed ({exc.strerror or exc})"

@@ -33,11 +33,11 @@ from typing import Any
 from lerobot_kit.core.errors import CheckpointError
 from lerobot_kit.core.layout import paths as L
 from lerobot_kit.core.layout.dcp_metadata import Metadata, check_dcp_shards, read_dcp_metadata, tensor_entries
-from lerobot_kit.core.layout.files import resumable_record
+from lerobot_kit.core.layout.files import CheckpointKind, missing, resumable_record
 from lerobot_kit.core.layout.json_file import json_type, read_json
 from lerobot_kit.core.layout.safetensors_header import read_safetensors_header, tensors
 from lerobot_kit.core.layout.stored_weights import StoredWeights
-from lerobot_kit.core.layout.training_step import TrainingStep, other_layout
+from lerobot_kit.core.layout.training_step import TrainingStep, other_layout, recorded_training_step
 from lerobot_kit.core.layout.training_step import problems as record_problems
 
 Shapes = dict[str, tuple[int, ...]]
@@ -65,6 +65,15 @@ OUTSIDE = "nothing outside a checkpoint is read through it: copy the file in ins
 class Problem:
     file: str  # relative to the checked folder's root, e.g. "pretrained_model/config.json"
     line: str  # the whole line, starting with ``file``
+
+
+@dataclass(frozen=True)
+class Weights:
+    """A weights file or shard folder as the optimizer check compares with it."""
+
+    source: str  # its path relative to the checked folder
+    shapes: Shapes  # its tensors
+    names: frozenset[str]  # every entry it holds (DCP shards may hold non-tensor entries too)
 
 
 @dataclass(frozen=True)
@@ -259,26 +268,25 @@ class CheckedFolder:
                     per_param.setdefault(param, []).append(shape)
             self._check_state_shapes(dcp_rel, per_param, weights, named=not record.peft)
 
-    def _check_listed(self, rel: str, listed: set[str], weights: tuple[str, Shapes], *, named: bool) -> None:
-        source, by_name = weights
-        unknown = sorted((p for p in listed if not p.isdigit() and p not in by_name), key=natural)
+    def _check_listed(self, rel: str, listed: set[str], weights: Weights, *, named: bool) -> None:
+        unknown = sorted((p for p in listed if not p.isdigit() and p not in weights.names), key=natural)
         if named and unknown:
-            self._problem(rel, f"lists parameter {unknown[0]}, which {source} does not hold: the optimizer state is "
-                               "not this model's")
-        elif len(listed) > len(by_name):
-            self._problem(rel, f"lists {len(listed)} parameters, but {source} holds only {len(by_name)} tensors: the "
-                               "optimizer state is not this model's")
+            self._problem(rel, f"lists parameter {unknown[0]}, which {weights.source} does not hold: the optimizer "
+                               "state is not this model's")
+        elif len(listed) > len(weights.names):
+            self._problem(rel, f"lists {len(listed)} parameters, but {weights.source} holds only "
+                               f"{len(weights.names)} entries: the optimizer state is not this model's")
 
     def _check_state_shapes(
-        self, rel: str, per_param: dict[str, list[tuple[int, ...]]], weights: tuple[str, Shapes], *, named: bool
+        self, rel: str, per_param: dict[str, list[tuple[int, ...]]], weights: Weights, *, named: bool
     ) -> None:
         """``named``: the weights are stored under the model's own names (not a PEFT adapter's),
         so a parameter named by FQN must be one of them."""
-        source, by_name = weights
+        source, by_name = weights.source, weights.shapes
         available = Counter(by_name.values())
         unnamed: list[tuple[str, tuple[int, ...]]] = []
         for param, states in sorted(per_param.items(), key=lambda kv: natural(kv[0])):
-            if named and not param.isdigit() and param not in by_name:
+            if named and not param.isdigit() and param not in weights.names:
                 self._problem(rel, f"holds state for parameter {param}, which {source} does not hold: the optimizer "
                                    "state is not this model's")
                 return
@@ -290,6 +298,8 @@ class CheckedFolder:
             if not shapes:
                 continue
             shape = shapes.pop()
+            if param in weights.names and param not in by_name:
+                continue  # a non-tensor entry of the shards: the loader refuses it, naming the entry
             if param not in by_name:
                 unnamed.append((param, shape))
             elif by_name[param] != shape:
@@ -311,13 +321,14 @@ class CheckedFolder:
                 return
             available[shape] -= 1
 
-    def _reference_weights(self, peft: bool) -> tuple[str, Shapes] | None:
+    def _reference_weights(self, peft: bool) -> Weights | None:
         """The weights the optimizer updated: the gathered file, else whole DCP shards."""
         P = self.pretrained
         for rel in (f"{P}/{L.ADAPTER_WEIGHTS if peft else L.MODEL_WEIGHTS}", f"{P}/{L.DCP_MODEL_DIR}"):
             shapes = self.shapes(rel)
             if shapes is not None:
-                return rel, shapes
+                names = frozenset(self.dcp[rel].state_dict_metadata) if rel in self.dcp else frozenset(shapes)
+                return Weights(rel, shapes, names)
         return None
 
     def _problem(self, rel: str, what: str) -> None:
@@ -336,12 +347,20 @@ def check_step_folder(step_dir: Path) -> CheckedFolder:
 
 def check_pretrained_folder(folder: Path) -> CheckedFolder:
     """Every file of a loadable folder: a step folder's ``pretrained_model/`` (nothing may
-    leave the step folder) or a folder ``save_pretrained`` wrote (nothing may leave it)."""
+    leave the step folder; what its record says loading needs must be there, as the layout
+    table words it) or a folder ``save_pretrained`` wrote (nothing may leave it)."""
     folder = Path(folder)
     if folder.name == L.PRETRAINED_DIR and (folder.parent / L.TRAINING_STATE_DIR).is_dir():
         checked = CheckedFolder(folder.parent, L.PRETRAINED_DIR, folder.parent)
-    else:
-        checked = CheckedFolder(folder.parent, folder.name, folder)
+        checked.scan(checked.pretrained)
+        record = recorded_training_step(folder.parent)
+        if record is not None:  # the files its record makes loading need, by the layout table's words
+            for file, line in missing(folder.parent, CheckpointKind.of(record)):
+                if file.for_loading:
+                    checked.problems = [p for p in checked.problems if p.file != file.path]
+                    checked.problems.append(Problem(file.path, line))
+        return checked
+    checked = CheckedFolder(folder.parent, folder.name, folder)
     checked.scan(checked.pretrained)
     return checked
 

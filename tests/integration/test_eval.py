@@ -77,6 +77,8 @@ def test_bad_input_is_one_line_with_the_fix(act, tmp_path):
     shutil.copytree(act, shards_only)
     (shards_only / "pretrained_model" / "model.safetensors").unlink()
     (shards_only / "pretrained_model" / "pytorch_model_fsdp_0").mkdir()
+    record = shards_only / "training_state" / "training_step.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "checkpoint_format": "dcp", "weights": "dcp"}))
     dcp = evaluate(f"--policy.path={shards_only}", workdir=tmp_path)
     assert dcp.returncode != 0 and f"lerobot convert-dcp --checkpoint_dir={shards_only}" in dcp.stderr
     for result in (missing, unknown, taken, dcp):

@@ -143,11 +143,19 @@ def truncated_shard(step: Path, marker: Path) -> None:
 
 
 def wrong_shape(step: Path, marker: Path) -> None:
+    """A checkpoint of a model of another shape: its weights and their optimizer state agree; the run's model
+    does not."""
     weights = step / "pretrained_model/model.safetensors"
     tensors = load_file(weights)
     name = next(k for k, v in tensors.items() if v.ndim == 2)
-    tensors[name] = torch.zeros(tensors[name].shape[0] + 1, tensors[name].shape[1])
+    shape = (tensors[name].shape[0] + 1, tensors[name].shape[1])
+    tensors[name] = torch.zeros(shape)
     save_file(tensors, str(weights), metadata={"format": "pt"})
+    optimizer = step / "training_state/optimizer_state.safetensors"
+    state = load_file(optimizer)
+    state.update({key: torch.zeros(shape) for key, value in state.items()
+                  if key.startswith(f"state.{name}.") and value.ndim})
+    save_file(state, str(optimizer))
     write_manifest(step)
 
 
