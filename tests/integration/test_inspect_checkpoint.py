@@ -18,13 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import torch.distributed.checkpoint as dcp
-from safetensors.torch import save_file
 
-from lerobot_kit.core.checkpoint.training_state import capture_rng, save_rng
+from checkpoint_files import (
+    STEP,
+    optimizer_state,
+    save_optimizer_safetensors,
+    toy_model,
+    trained,
+    write_checkpoint,
+    write_json,
+)
 from lerobot_kit.core.layout import paths as L
-from lerobot_kit.core.layout.manifest import write_manifest
 from lerobot_kit.core.layout.dcp_metadata import TORCH_DTYPE_ITEMSIZE, UnsafeMetadataError, read_dcp_metadata
 from lerobot_kit.core.offline.inspect import inspect_checkpoint
 from lerobot_kit.core.errors import CheckpointError
@@ -32,132 +37,6 @@ from lerobot_kit.core.errors import CheckpointError
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
 LEROBOT = Path(sys.executable).parent / "lerobot"
-STEP = 500
-
-
-def _model(seed: int = 0, hidden: int = 3) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(4, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 2))
-
-
-def _trained(model: torch.nn.Module) -> torch.optim.Optimizer:
-    """One AdamW step, so the optimizer has the state a real checkpoint holds."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model(torch.randn(5, 4)).sum().backward()
-    opt.step()
-    return opt
-
-
-def _optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, keys: str = "fqn") -> dict[str, Any]:
-    """The optimizer's state keyed by parameter FQN (as the trainer writes it) or by index."""
-    osd = opt.state_dict()
-    if keys == "index":
-        return {"state": osd["state"], "param_groups": osd["param_groups"]}
-    names = [n for n, _ in model.named_parameters()]
-    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in osd["param_groups"]]
-    return {"state": {names[i]: s for i, s in osd["state"].items()}, "param_groups": groups}
-
-
-def _save_optimizer_safetensors(state: dict[str, Any], directory: Path) -> None:
-    tensors = {f"state.{param}.{k}": v for param, s in state["state"].items() for k, v in s.items()}
-    save_file(tensors, directory / L.OPTIMIZER_STATE)
-    _write_json(directory / L.OPTIMIZER_PARAM_GROUPS, state["param_groups"])
-
-
-def _write_json(path: Path, value: Any) -> None:
-    path.write_text(json.dumps(value, indent=2))
-
-
-DATASET_META = {
-    "features": {"observation.state": {"dtype": "float32", "shape": [4]}, "action": {"dtype": "float32", "shape": [2]}},
-    "stats": {"action": {"mean": [0.0, 0.0], "std": [1.0, 1.0]}},
-    "fps": 10,
-    "num_episodes": 2,
-    "num_frames": 40,
-}
-
-
-def write_checkpoint(
-    run_dir: Path, *, weights: str = "gathered", optimizer: str = "safetensors", dp_shard: int = 1,
-    peft: bool = False, mixed_precision: str = "no", optimizer_keys: str = "fqn", checksums: bool = True,
-) -> Path:
-    """A layout-1 step folder under ``run_dir/checkpoints`` with ``last`` pointing at it, and
-    its ``checksums.json``. The policy type is one no plugin declares shapes for, so the
-    weights are loadable by the manifest tying them to ``config.json``."""
-    step_dir = run_dir / L.CHECKPOINTS_DIR / L.step_dir_name(STEP)
-    pre, state = step_dir / L.PRETRAINED_DIR, step_dir / L.TRAINING_STATE_DIR
-    pre.mkdir(parents=True)
-    state.mkdir()
-    model = _model()
-    if peft:  # the trainable adapter stands in for the model: the optimizer updates only it
-        model = torch.nn.Sequential(torch.nn.Linear(4, 2, bias=False), torch.nn.Linear(2, 4, bias=False))
-    opt = _trained(model)
-    weights_sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-    _write_json(pre / L.POLICY_CONFIG, {"type": "toy", "hidden": 3})
-    _write_json(pre / L.TRAIN_CONFIG, {"policy": {"type": "act"}, "dataset": {"type": "reach"}, "steps": 1000})
-    _write_json(pre / "dataset_meta.json", DATASET_META)
-    if "gathered" in weights:
-        if peft:
-            save_file(weights_sd, pre / L.ADAPTER_WEIGHTS)
-            _write_json(pre / L.ADAPTER_CONFIG, {"peft_type": "LORA", "r": 2,
-                                                "base_model_name_or_path": str(write_base(run_dir / "base"))})
-        else:
-            save_file(weights_sd, pre / L.MODEL_WEIGHTS)
-    if "dcp" in weights:
-        dcp.save(weights_sd, checkpoint_id=pre / L.DCP_MODEL_DIR, no_dist=True)
-    for proc, step in ((L.PREPROCESSOR, "normalize"), (L.POSTPROCESSOR, "unnormalize")):
-        stats = f"{proc}_step_0_{step}.safetensors"
-        steps = [{"registry_name": step, "config": {"modes": {"action": "mean_std"}}, "state_file": stats}]
-        _write_json(pre / f"{proc}.json", {"name": proc, "steps": steps})
-        save_file({"action.mean": torch.zeros(2), "action.std": torch.ones(2)}, pre / stats)
-
-    optimizer_sd = _optimizer_state(model, opt, optimizer_keys)
-    if optimizer == "safetensors":
-        _save_optimizer_safetensors(optimizer_sd, state)
-    else:
-        dcp.save(optimizer_sd, checkpoint_id=state / L.DCP_OPTIMIZER_DIR, no_dist=True)
-    world = 2
-    save_rng([capture_rng() for _ in range(world)], state)
-    _write_json(state / L.SCHEDULER_STATE, {"last_epoch": STEP, "base_lrs": [1e-3]})
-    if mixed_precision == "fp16":
-        _write_json(state / L.SCALER_STATE, {"scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5,
-                                            "growth_interval": 2000, "growth_tracker": 7})
-    _write_json(
-        state / L.TRAINING_STEP,
-        {
-            "layout_version": L.LAYOUT_VERSION,
-            "step": STEP,
-            "lerobot_kit_version": "0.1.0",
-            "dp_world_size": world,
-            "batch_size": 8,
-            "gradient_accumulation_steps": 1,
-            "mixed_precision": mixed_precision,
-            "topology": {
-                "world_size": world,
-                "dp_replicate": world // dp_shard,
-                "dp_shard": dp_shard,
-                "layout": "ddp" if dp_shard == 1 else "fsdp",
-            },
-            "checkpoint_format": {"gathered": "safetensors", "dcp": "dcp", "gathered+dcp": "safetensors_dcp"}[weights],
-            "weights": weights,
-            "optimizer": optimizer,
-            "peft": peft,
-            "sampler": {"epoch": 3, "offset": 16, "samples_seen": 4016},
-        },
-    )
-    if checksums:
-        write_manifest(step_dir)
-    os.symlink(step_dir.name, run_dir / L.CHECKPOINTS_DIR / L.LAST_LINK)
-    return step_dir
-
-
-def write_base(folder: Path) -> Path:
-    """The plain policy folder an adapter names as its base (``config.json`` and full weights)."""
-    folder.mkdir(parents=True)
-    _write_json(folder / L.POLICY_CONFIG, {"type": "toy", "hidden": 3})
-    save_file(_model().state_dict(), folder / L.MODEL_WEIGHTS)
-    return folder
 
 
 def run_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -354,7 +233,7 @@ def test_json_that_does_not_parse(tmp_path: Path, rel: str) -> None:
 def test_training_step_schema(tmp_path: Path, change: dict[str, Any], message: str) -> None:
     step_dir = write_checkpoint(tmp_path)
     path = step_dir / L.TRAINING_STATE_DIR / L.TRAINING_STEP
-    _write_json(path, {**json.loads(path.read_text()), **change})
+    write_json(path, {**json.loads(path.read_text()), **change})
     assert_fails_naming(step_dir, message)
 
 
@@ -362,7 +241,7 @@ def test_missing_files_and_bad_config(tmp_path: Path) -> None:
     step_dir = write_checkpoint(tmp_path, mixed_precision="fp16")
     (step_dir / L.TRAINING_STATE_DIR / L.SCALER_STATE).unlink()
     (step_dir / L.PRETRAINED_DIR / f"{L.PREPROCESSOR}_step_0_normalize.safetensors").unlink()
-    _write_json(step_dir / L.PRETRAINED_DIR / L.POLICY_CONFIG, {"dim_model": 8})
+    write_json(step_dir / L.PRETRAINED_DIR / L.POLICY_CONFIG, {"dim_model": 8})
     report = inspect_checkpoint(step_dir)
     assert not report.ok and not report.loadable.ok
     assert (
@@ -379,10 +258,10 @@ def test_missing_files_and_bad_config(tmp_path: Path) -> None:
     assert report.problems[-1] == "training_state/: missing"
 
 
-def test_optimizer_state_of_another_model(tmp_path: Path) -> None:
+def test_optimizer_state_of_anothertoy_model(tmp_path: Path) -> None:
     step_dir = write_checkpoint(tmp_path)
-    other = _model(hidden=5)
-    _save_optimizer_safetensors(_optimizer_state(other, _trained(other)), step_dir / L.TRAINING_STATE_DIR)
+    other = toy_model(hidden=5)
+    save_optimizer_safetensors(optimizer_state(other, trained(other)), step_dir / L.TRAINING_STATE_DIR)
     assert_fails_naming(
         step_dir,
         "training_state/optimizer_state.safetensors: state of parameter 0.bias has shape [5], "
@@ -393,22 +272,22 @@ def test_optimizer_state_of_another_model(tmp_path: Path) -> None:
 def test_optimizer_state_by_index_is_checked_by_shape(tmp_path: Path) -> None:
     step_dir = write_checkpoint(tmp_path, optimizer_keys="index")
     assert inspect_checkpoint(step_dir).ok
-    other = _model(hidden=5)
+    other = toy_model(hidden=5)
     state_dir = step_dir / L.TRAINING_STATE_DIR
-    _save_optimizer_safetensors(_optimizer_state(other, _trained(other), "index"), state_dir)
+    save_optimizer_safetensors(optimizer_state(other, trained(other), "index"), state_dir)
     assert_fails_naming(step_dir, "state of parameter 0 has shape [5, 4], which no (remaining) tensor of")
 
-    _save_optimizer_safetensors(_optimizer_state(_model(), _trained(_model()), "index"), state_dir)
+    save_optimizer_safetensors(optimizer_state(toy_model(), trained(toy_model()), "index"), state_dir)
     groups = state_dir / L.OPTIMIZER_PARAM_GROUPS
-    _write_json(groups, [{**json.loads(groups.read_text())[0], "params": [0, 1, 2]}])
+    write_json(groups, [{**json.loads(groups.read_text())[0], "params": [0, 1, 2]}])
     assert_fails_naming(
         step_dir,
         "holds state for parameter 3, which no param group of training_state/optimizer_param_groups.json lists",
     )
-    _write_json(groups, [{**json.loads(groups.read_text())[0], "params": list(range(6))}])
+    write_json(groups, [{**json.loads(groups.read_text())[0], "params": list(range(6))}])
     assert_fails_naming(
         step_dir,
-        "optimizer_param_groups.json: lists 6 parameters, but pretrained_model/model.safetensors holds only 4 tensors",
+        "optimizer_param_groups.json: lists 6 parameters, but pretrained_model/model.safetensors holds only 4 entries",
     )
 
 
@@ -416,16 +295,16 @@ def test_optimizer_state_for_a_parameter_no_group_lists(tmp_path: Path) -> None:
     step_dir = write_checkpoint(tmp_path)
     groups = step_dir / L.TRAINING_STATE_DIR / L.OPTIMIZER_PARAM_GROUPS
     group = json.loads(groups.read_text())[0]
-    _write_json(groups, [{**group, "params": group["params"][:-1]}])
+    write_json(groups, [{**group, "params": group["params"][:-1]}])
     assert_fails_naming(step_dir, "holds state for parameter 2.bias, which no param group")
 
 
-def test_dcp_optimizer_of_another_model(tmp_path: Path) -> None:
+def test_dcp_optimizer_of_anothertoy_model(tmp_path: Path) -> None:
     step_dir = write_checkpoint(tmp_path, weights="dcp", optimizer="dcp", dp_shard=2)
-    other = _model(hidden=5)
+    other = toy_model(hidden=5)
     target = step_dir / L.TRAINING_STATE_DIR / L.DCP_OPTIMIZER_DIR
     shutil.rmtree(target)
-    dcp.save(_optimizer_state(other, _trained(other)), checkpoint_id=target, no_dist=True)
+    dcp.save(optimizer_state(other, trained(other)), checkpoint_id=target, no_dist=True)
     assert_fails_naming(
         step_dir,
         "training_state/optimizer_0: state of parameter 0.bias has shape [5], "
@@ -451,7 +330,7 @@ def test_old_layout_gathered_optimizer_in_sharded_run(tmp_path: Path) -> None:
 def test_other_layout_versions(tmp_path: Path, version: int, word: str) -> None:
     step_dir = write_checkpoint(tmp_path)
     path = step_dir / L.TRAINING_STATE_DIR / L.TRAINING_STEP
-    _write_json(path, {**json.loads(path.read_text()), "layout_version": version})
+    write_json(path, {**json.loads(path.read_text()), "layout_version": version})
     assert_fails_naming(
         step_dir, f"layout version {version} is {word}", "cannot be resumed", "loading the weights still works"
     )
@@ -459,7 +338,7 @@ def test_other_layout_versions(tmp_path: Path, version: int, word: str) -> None:
 
 def test_lerobot_06_training_step_without_layout_version(tmp_path: Path) -> None:
     step_dir = write_checkpoint(tmp_path)
-    _write_json(step_dir / L.TRAINING_STATE_DIR / L.TRAINING_STEP, {"step": STEP})
+    write_json(step_dir / L.TRAINING_STATE_DIR / L.TRAINING_STEP, {"step": STEP})
     report = inspect_checkpoint(step_dir)
     assert report.loadable.ok and not report.resumable.ok
     assert report.problems[0].startswith("training_state/training_step.json: has no layout_version: an older layout")

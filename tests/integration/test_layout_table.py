@@ -13,8 +13,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from checkpoint_files import write_checkpoint
 from conftest import run_cli
-from test_inspect_checkpoint import write_checkpoint
 
 from lerobot_kit.core.config.flags import parse_train_config
 from lerobot_kit.core.errors import CheckpointError

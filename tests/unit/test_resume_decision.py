@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from checkpoint_files import write_checkpoint
 
 from lerobot_kit.core.config.flags import parse_train_config
 from lerobot_kit.core.errors import CheckpointError, ConfigError
@@ -14,12 +15,10 @@ from lerobot_kit.core.run.spec import Restarts, resolve_run
 
 
 def run_with_checkpoints(root: Path, *steps: int) -> Path:
-    """A run folder as the trainer leaves it: step folders and ``last`` on the newest."""
-    checkpoints = root / "run" / "checkpoints"
+    """A run folder as the trainer leaves it: whole step folders and ``last`` on the newest."""
     for step in steps:
-        for sub in ("pretrained_model", "training_state"):
-            (checkpoints / f"{step:06d}" / sub).mkdir(parents=True)
-    (checkpoints / "last").symlink_to(f"{max(steps):06d}")
+        write_checkpoint(root / "run", step=step, last=False)
+    (root / "run" / "checkpoints" / "last").symlink_to(f"{max(steps):06d}")
     return root / "run"
 
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from checkpoint_files import write_checkpoint
 
 from lerobot_kit.core.config.flags import parse_train_config
 from lerobot_kit.core.errors import CheckpointError, ConfigError
@@ -20,10 +21,8 @@ def recorded_run(tmp_path: Path, *steps: int, last: bool = True) -> Path:
     run = tmp_path / "run"
     spec = resolve_run(parse_train_config([*RUN_FLAGS, f"--output_dir={run}"]), 1)
     for step in steps:
-        pretrained = run / "checkpoints" / f"{step:06d}" / "pretrained_model"
-        pretrained.mkdir(parents=True)
-        (pretrained.parent / "training_state").mkdir()
-        (pretrained / "train_config.json").write_text(json.dumps(spec.recorded_config()))
+        step_dir = write_checkpoint(run, step=step, last=False)
+        (step_dir / "pretrained_model" / "train_config.json").write_text(json.dumps(spec.recorded_config()))
     if last:
         (run / "checkpoints" / "last").symlink_to(f"{max(steps):06d}")
     return run
