@@ -18,6 +18,7 @@ from lerobot_kit.core.checkpoint.weights import write_weights_file
 from lerobot_kit.core.config.schema import PolicyConfig
 from lerobot_kit.core.data.dataset import DatasetMeta
 from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.core.layout.json_file import read_json
 from lerobot_kit.core.layout.paths import (
     ADAPTER_WEIGHTS,
     DATASET_META,
@@ -26,7 +27,6 @@ from lerobot_kit.core.layout.paths import (
     PREPROCESSOR,
     find_pretrained_dir,
 )
-from lerobot_kit.core.layout.json_file import read_json
 from lerobot_kit.core.layout.stored_weights import StoredWeights
 from lerobot_kit.core.layout.validate import check_loadable
 from lerobot_kit.core.model.naming import ModelWeights

@@ -221,9 +221,9 @@ def _other_types_by_field(kind: str, selected: str) -> dict[str, list[str]]:
 
 def _pretrained_policy_config(path: str) -> dict[str, Any]:
     """The ``config.json`` of ``--policy.path``, by the rule every checkpoint reader checks it with."""
+    from lerobot_kit.core.layout.file_rules import policy_config_problems
     from lerobot_kit.core.layout.json_file import read_json
     from lerobot_kit.core.layout.paths import POLICY_CONFIG, find_pretrained_dir
-    from lerobot_kit.core.layout.validate import policy_config_problems
 
     config_file = find_pretrained_dir(Path(path)) / POLICY_CONFIG
     config = read_json(config_file)

@@ -31,9 +31,9 @@ from torch import nn
 
 from lerobot_kit.core.config.schema import PeftConfig, TrainConfig
 from lerobot_kit.core.errors import CheckpointError, ConfigError
+from lerobot_kit.core.layout.file_rules import PEFT_METHODS, adapter_config_problems
 from lerobot_kit.core.layout.json_file import read_json
 from lerobot_kit.core.layout.paths import ADAPTER_CONFIG, ADAPTER_WEIGHTS, find_pretrained_dir
-from lerobot_kit.core.layout.validate import PEFT_METHODS, adapter_config_problems
 from lerobot_kit.core.model.naming import FullNaming, ModelWeights, WeightNaming
 
 if TYPE_CHECKING:

@@ -24,9 +24,9 @@ from safetensors.torch import load_file, save_file
 from lerobot_kit.core.config.schema import PolicyConfig
 from lerobot_kit.core.data.dataset import ACTION_KEY, DatasetMeta
 from lerobot_kit.core.errors import CheckpointError, ConfigError, first_line
+from lerobot_kit.core.layout.file_rules import processor_problems
 from lerobot_kit.core.layout.json_file import read_json
 from lerobot_kit.core.layout.safetensors_header import read_safetensors_header
-from lerobot_kit.core.layout.validate import processor_problems
 
 Mode = Literal["mean_std", "min_max"]
 MODES: tuple[str, ...] = ("mean_std", "min_max")

@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from conftest import TINY_ACT, launch_env, run_cli
 from safetensors.torch import load_file, save_file
 
-from conftest import TINY_ACT, launch_env, run_cli
 from lerobot_kit.core.layout.files import RESUME_ADVICE
 from lerobot_kit.core.layout.manifest import MANIFEST, write_manifest
 

@@ -248,8 +248,8 @@ def test_missing_files_and_bad_config(tmp_path: Path) -> None:
         "training_state/scaler_state.json: missing (training_state/training_step.json says mixed_precision: fp16)"
     ) in report.problems
     assert (
-        "pretrained_model/policy_preprocessor.json: step 0: refers to policy_preprocessor_step_0_normalize.safetensors, "
-        "which is missing"
+        "pretrained_model/policy_preprocessor.json: step 0: refers to "
+        "policy_preprocessor_step_0_normalize.safetensors, which is missing"
     ) in report.problems
     assert 'pretrained_model/config.json: must be a JSON object with a "type" string' in report.problems
 

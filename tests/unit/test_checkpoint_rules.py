@@ -1,4 +1,4 @@
-"""The checkpoint check's rules (``core.layout.validate``) accept exactly what the writers write.
+"""The checkpoint check's rules (``core.layout.file_rules``) accept exactly what the writers write.
 
 Each rule is run on what the real writer produces (the loss scaler, the LR schedule, the
 random state of every rank, the processors) and on that output damaged one way, so a
@@ -16,9 +16,7 @@ import torch
 from lerobot_kit.core.checkpoint.training_state import capture_rng, save_rng
 from lerobot_kit.core.data.dataset import DatasetMeta, FeatureSpec
 from lerobot_kit.core.layout import paths
-from lerobot_kit.core.layout.safetensors_header import read_safetensors_header
-from lerobot_kit.core.layout.validate import (
-    check_pretrained_folder,
+from lerobot_kit.core.layout.file_rules import (
     dataset_meta_problems,
     param_groups_problems,
     processor_problems,
@@ -26,6 +24,8 @@ from lerobot_kit.core.layout.validate import (
     scaler_problems,
     scheduler_problems,
 )
+from lerobot_kit.core.layout.safetensors_header import read_safetensors_header
+from lerobot_kit.core.layout.validate import check_pretrained_folder
 from lerobot_kit.core.model.processor import make_processors
 from lerobot_kit.core.parallel.precision import LossScaler
 from lerobot_kit.core.run.optim import ScheduleState
