@@ -116,11 +116,19 @@ def check_complete(step_dir: Path, record: TrainingStep, advice: str) -> None:
 
 
 def resumable_record(step_dir: Path, advice: str) -> TrainingStep:
-    """The record of a step folder a resume can continue from: of this layout, whole, and
-    with every file the table requires for it; else one ``CheckpointError`` line."""
+    """The record of a step folder a resume can continue from: of this layout (not a sharded
+    run's single gathered optimizer file, as LeRobot 0.6 wrote), whole, and with every file
+    the table requires for it; else one ``CheckpointError`` line."""
     record_file = Path(step_dir) / T / paths.TRAINING_STEP
     if not record_file.is_file():
         raise CheckpointError(f"{record_file}: missing ({ALWAYS}); the checkpoint is incomplete: {advice}")
     record = read_training_step(step_dir, advice)
+    state_dir = Path(step_dir) / T
+    if (record.sharded and (state_dir / paths.OPTIMIZER_STATE).exists()
+            and not (state_dir / paths.DCP_OPTIMIZER_DIR).is_dir()):
+        raise CheckpointError(
+            f"{step_dir}: a sharded run whose optimizer state is not in {paths.DCP_OPTIMIZER_DIR}/ (the older "
+            "gathered-optimizer layout); it cannot be resumed, but its weights can still be loaded with --policy.path"
+        )
     check_complete(step_dir, record, advice)
     return record

@@ -52,6 +52,7 @@ from lerobot_kit.core.layout.training_step import TrainingStep, other_layout, re
 from lerobot_kit.core.layout.training_step import problems as record_problems
 
 Shapes = dict[str, tuple[int, ...]]
+GATHERED_WEIGHTS = (f"{L.PRETRAINED_DIR}/{L.MODEL_WEIGHTS}", f"{L.PRETRAINED_DIR}/{L.ADAPTER_WEIGHTS}")
 
 
 @dataclass(frozen=True)
@@ -348,8 +349,10 @@ def check_pretrained_folder(folder: Path) -> CheckedFolder:
         checked.scan(checked.pretrained)
         record = recorded_training_step(folder.parent)
         if record is not None:  # the files its record makes loading need, by the layout table's words
+            shards = (folder / L.DCP_MODEL_DIR).is_dir()
             for file, line in missing(folder.parent, CheckpointKind.of(record)):
-                if file.for_loading:
+                # Gathered weights gone beside the shards: loading says how to merge them (convert-dcp).
+                if file.for_loading and not (shards and file.path in GATHERED_WEIGHTS):
                     checked.problems = [p for p in checked.problems if p.file != file.path]
                     checked.problems.append(Problem(file.path, line))
         return checked
