@@ -16,7 +16,6 @@ Commands with ``--json`` print the error as ``{"ok": false, "error": ..., "probl
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import sys
@@ -25,7 +24,7 @@ from collections.abc import Iterator
 
 import click
 
-from lerobot_kit.core.errors import DEBUG_ENV, EXIT_INTERNAL, EXIT_PROBLEMS, LerobotError, first_line
+from lerobot_kit.core.errors import DEBUG_ENV, EXIT_INTERNAL, EXIT_PROBLEMS, LerobotError, first_line, os_error_line
 
 REPORT = (
     "this is a bug in lerobot-kit or one of its plugins, not in your input: please report it with the command "
@@ -44,16 +43,6 @@ def describe(exc: BaseException) -> tuple[list[str], int]:
     if isinstance(exc, OSError):
         return [os_error_line(exc)], EXIT_PROBLEMS
     return [f"internal error: {type(exc).__name__}: {first_line(exc)}; {REPORT}"], EXIT_INTERNAL
-
-
-def os_error_line(exc: OSError) -> str:
-    """``<path>: <what the system said> (errno <NAME>)``: the file, and what to look up."""
-    code = errno.errorcode.get(exc.errno, str(exc.errno)) if exc.errno is not None else None
-    what = exc.strerror or first_line(exc)
-    where = f"{exc.filename}: " if exc.filename is not None else ""
-    if exc.filename2 is not None:
-        where = f"{exc.filename} -> {exc.filename2}: "
-    return f"{where}{what}" + (f" (errno {code})" if code else "")
 
 
 @contextlib.contextmanager

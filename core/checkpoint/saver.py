@@ -5,9 +5,15 @@ published. With ``async_checkpoint`` in a sharded run, a save returns once every
 shard state is copied into memory: a background thread per rank writes the shards while
 training goes on, coordinating over a gloo group of its own so that its collectives
 never interleave with the training ones. The checkpoint stays a ``.tmp`` folder until
-every write is done; then the main process publishes it (fsync, rename, ``last``), as
-crash-safe as a synchronous save. At most one save is in flight: the next save first
-waits for it, which bounds the extra memory to one staged copy of the sharded state.
+every write is done; then the main process's thread publishes it (fsync, rename,
+``last``), as crash-safe as a synchronous save. At most one save is in flight: the next
+save first waits for it, which bounds the extra memory to one staged copy of the
+sharded state.
+
+A write that fails (a full disk, a read-only file system, a quota) stops every rank
+alike with one line, the unfinished ``.tmp`` removed (``write_failures``); in the
+background, the threads agree on their side group, and each rank raises the line when
+it next looks at the save (``poll``, the next save, or the end of the run).
 
 Files other than shards (gathered weights, configs, RNG, scheduler) are small or need
 the gather anyway, so they are still written before the save returns.
@@ -22,16 +28,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from lerobot_kit.core.checkpoint import disk_space, retention
-from lerobot_kit.core.checkpoint.save_digests import gather_shard_digests
-from lerobot_kit.core.checkpoint.save_restore import save_checkpoint, write_checkpoint
+from lerobot_kit.core.checkpoint import disk_space, retention, write_failures
+from lerobot_kit.core.checkpoint.save_restore import publish_written, save_checkpoint, write_checkpoint
 from lerobot_kit.core.checkpoint.shard_writes import deferred_shard_writes, write_deferred
 from lerobot_kit.core.checkpoint.state import CheckpointState
 from lerobot_kit.core.data.sampler import DataPosition
 from lerobot_kit.core.distributed.process_group import barrier
-from lerobot_kit.core.errors import CheckpointError, first_line
-from lerobot_kit.core.layout import atomic, paths
-from lerobot_kit.core.layout.manifest import FileDigest
+from lerobot_kit.core.errors import CheckpointError, LerobotError, first_line
 
 logger = logging.getLogger("lerobot_kit")
 
@@ -39,7 +42,7 @@ logger = logging.getLogger("lerobot_kit")
 @dataclass
 class _InFlight:
     step: int
-    future: Future[dict[str, FileDigest]]
+    future: Future[Path | None]  # the published folder (main process)
     needed: int  # bytes all ranks write for it, for the message if the disk fills up
 
 
@@ -86,28 +89,35 @@ class CheckpointSaver:
         """Collective: every rank calls it at the same step."""
         if not self.background:
             needed = disk_space.check_room(self.state, step)
-            with disk_space.cleaned_up_when_full(self.state, step, needed):
-                self._published(save_checkpoint(self.state, step, position))
+            with write_failures.cleaned_up(self.state, step, needed):
+                final = save_checkpoint(self.state, step, position)
+            self._published(final)
             return
         self.wait()  # the staged buffers are reused: the previous write must be done
         needed = disk_space.check_room(self.state, step)
-        with disk_space.cleaned_up_when_full(self.state, step, needed):
+        with write_failures.cleaned_up(self.state, step, needed):
             with deferred_shard_writes(self._stager) as deferred:
                 write_checkpoint(self.state, step, position)
         assert self._writer is not None
-        tmp = atomic.temp_step_dir(self.state.output_dir, step)
-        future = self._writer.submit(_write_and_hash, deferred.writes, self._group, tmp)
+        future = self._writer.submit(_write_and_publish, self.state, step, deferred.writes, self._group)
         self._in_flight = _InFlight(step, future, needed)
 
-    def poll(self) -> None:
-        """Publish the checkpoint in flight if its writes are done; never waits, no collective.
+    def poll(self) -> int | None:
+        """Publish-side bookkeeping of the checkpoint in flight if its writes are done; never waits,
+        no collective. Returns the step of a background save that failed: the caller then stops
+        every rank at one step and calls ``finish``, which raises its line on every rank alike.
 
-        Each rank checks only its own writer: DCP's last step gathers every rank's write
-        results before any rank's ``save`` returns, so the main process's writer being
-        done means all shards of all ranks are on the disk.
+        Each rank checks only its own writer: the background thread's last step agrees
+        with every rank's thread, so the main process's writer being done means all
+        shards of all ranks are on the disk and the checkpoint is published.
         """
-        if self._in_flight is not None and self._in_flight.future.done():
-            self.wait()
+        in_flight = self._in_flight
+        if in_flight is None or not in_flight.future.done():
+            return None
+        if in_flight.future.exception() is not None:
+            return in_flight.step
+        self.wait()
+        return None
 
     def finish(self) -> Path | None:
         """Collective: wait for the save in flight, publish it; the last published checkpoint."""
@@ -120,23 +130,24 @@ class CheckpointSaver:
         return self.last
 
     def wait(self) -> None:
-        """Block until the save in flight is written, then publish it (main process); no collective."""
+        """Block until the save in flight is written and published; no collective."""
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is None:
             return
         try:
-            digests = in_flight.future.result()
+            with write_failures.cleaned_up(self.state, in_flight.step, in_flight.needed):
+                final = in_flight.future.result()
+        except LerobotError:
+            raise
         except BaseException as exc:  # DCP's CheckpointException is a BaseException
-            if disk_space.is_disk_full(exc, paths.checkpoints_root(self.state.output_dir)):
-                raise disk_space.disk_full(self.state, in_flight.step, in_flight.needed) from exc
             cause = disk_space.root_error(exc)
             raise CheckpointError(
                 f"the background checkpoint of step {in_flight.step} failed, so it was not published "
                 f"({type(cause).__name__}: {first_line(cause)}); the previous checkpoint is intact"
             ) from exc
-        if self.state.ctx.is_main:
-            self._published(atomic.publish(self.state.output_dir, in_flight.step, digests))
+        if final is not None:
             logger.debug("checkpoint of step %d published", in_flight.step)
+        self._published(final)
 
     def _published(self, final: Path | None) -> None:
         """After a publish (``final`` on the main process only): older step folders may go."""
@@ -146,8 +157,11 @@ class CheckpointSaver:
         retention.prune(self.state.output_dir, int(final.name), self.settings.keep_last_checkpoints)
 
 
-def _write_and_hash(writes: list[tuple[dict[str, Any], Path]], group: Any, step_dir: Path) -> dict[str, FileDigest]:
-    """Background thread, collective over ``group``: the queued shard writes, then every
-    rank's digests of the shard files it wrote, for the main process's manifest."""
-    write_deferred(writes, group)
-    return gather_shard_digests(step_dir, distributed=True, group=group)
+def _write_and_publish(
+    state: CheckpointState, step: int, writes: list[tuple[dict[str, Any], Path]], group: Any
+) -> Path | None:
+    """Background thread, collective over ``group``: the queued shard writes, then the publish
+    (``publish_written``). A failed write raises ``SaveFailed`` in every rank's thread alike."""
+    with write_failures.save_phase(state, group):
+        write_deferred(writes, group)
+    return publish_written(state, step, group)

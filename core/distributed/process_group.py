@@ -161,12 +161,13 @@ def all_reduce_sum(ctx: DistContext, values: dict[str, float]) -> dict[str, floa
     return _all_reduce(ctx, values, mean=False)
 
 
-def all_gather_objects(ctx: DistContext, obj: T) -> list[T]:
-    """Every rank's ``obj``, in rank order, on every rank (small picklable values)."""
+def all_gather_objects(ctx: DistContext, obj: T, group: Any = None) -> list[T]:
+    """Every rank's ``obj``, in rank order, on every rank (small picklable values); over
+    ``group`` (spanning every rank) when given, else the default group."""
     if not ctx.distributed:
         return [obj]
     everyone: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(everyone, obj)
+    dist.all_gather_object(everyone, obj, group=group)
     return everyone
 
 

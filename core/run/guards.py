@@ -1,8 +1,9 @@
 """The fault-handling layer around the training loop, behind four calls the loop makes.
 
 The loop asks ``stop_now`` before each step and reports ``step_started`` /
-``step_finished``; behind them sit the stop-on-signal agreement (``preemption``), the
-hang watchdog (``watchdog``) and, in tests only, fault injection (``fault_injection``).
+``step_finished``; behind them sit the stop-on-signal agreement (``preemption``), which
+also stops every rank when one could not write the run's output (``output_failures``),
+the hang watchdog (``watchdog``) and, in tests only, fault injection (``fault_injection``).
 So the loop stays one straight path, and each concern is a module of its own.
 """
 
@@ -12,6 +13,7 @@ import signal
 from typing import TYPE_CHECKING
 
 from lerobot_kit.core.run import fault_injection
+from lerobot_kit.core.run.output_failures import OutputFailures
 from lerobot_kit.core.run.preemption import StopAgreement, StopSignals
 from lerobot_kit.core.run.watchdog import StepWatchdog
 
@@ -25,7 +27,8 @@ class RunGuards:
     def __init__(self, run: RunComponents) -> None:
         config, ctx = run.config, run.ctx
         self.requests = StopSignals(config.preemption, ctx.rank)
-        self.agreement = StopAgreement(self.requests, ctx.distributed)
+        self.failures = OutputFailures(ctx, run.output_dir)
+        self.agreement = StopAgreement(self.requests, ctx.distributed, failing=self.failures.pending)
         timeout = config.parallelism.step_timeout_s
         self.watchdog = StepWatchdog(timeout, ctx.rank) if timeout is not None else None
         self.faults = fault_injection.from_env(run)
@@ -42,8 +45,13 @@ class RunGuards:
 
     @property
     def stopped_by(self) -> signal.Signals | None:
-        """The signal the ranks agreed to stop on, or None when the run went to its end."""
+        """The signal the ranks agreed to stop on, or None when the run went to its end (or failed)."""
         return self.agreement.agreed
+
+    def raise_if_failed(self, step: int) -> None:
+        """Collective, after the loop: ``OutputWriteError`` on every rank when a rank could not
+        write the run's output."""
+        self.failures.raise_if_any(step)
 
     def step_started(self, step: int) -> None:
         """``step`` is the number of the step about to run (checkpoints count the same way)."""

@@ -34,7 +34,6 @@ from lerobot_kit.core.run.assemble import build_model
 from lerobot_kit.core.run.banner import format_banner
 from lerobot_kit.core.run.components import RunComponents
 from lerobot_kit.core.run.evaluation import evaluation_hooks
-from lerobot_kit.core.run.nonfinite import NonFiniteError
 from lerobot_kit.core.run.optim import build_optimizer, build_scheduler
 from lerobot_kit.core.run.preemption import run_stopped
 from lerobot_kit.core.run.publish import publish_final
@@ -42,7 +41,7 @@ from lerobot_kit.core.run.resume_optim import apply_optimizer_config
 from lerobot_kit.core.run.rewind import discard_later_steps
 from lerobot_kit.core.run.spec import Restarts, RunSpec, resolve_run
 from lerobot_kit.core.run.tracking import make_tracker
-from lerobot_kit.core.run.trainer import Trainer, TrainResult
+from lerobot_kit.core.run.trainer import RAISED_ON_EVERY_RANK, Trainer, TrainResult
 
 logger = logging.getLogger("lerobot_kit")
 
@@ -64,8 +63,8 @@ def train(config: TrainConfig) -> TrainResult:
     # it until the collective timeout; exiting non-zero tears the group down instead.
     try:
         result = _train(config, ctx)
-    except NonFiniteError:
-        shutdown(ctx)  # every rank stopped at the same step: the group closes cleanly
+    except RAISED_ON_EVERY_RANK:
+        shutdown(ctx)  # every rank stopped at the same point: the group closes cleanly
         raise
     shutdown(ctx)
     if result.stopped_by is not None:  # exit code 75: the scheduler requeues, the restart continues

@@ -18,7 +18,9 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from lerobot_kit.core.checkpoint.disk_space import DiskFullError
 from lerobot_kit.core.checkpoint.saver import CheckpointSaver, SaveSettings
+from lerobot_kit.core.checkpoint.write_failures import CheckpointWriteError
 from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
 from lerobot_kit.core.distributed.process_group import all_reduce_mean
 from lerobot_kit.core.model.peft import unwrapped_policy
@@ -28,10 +30,15 @@ from lerobot_kit.core.run.components import RunComponents
 from lerobot_kit.core.run.guards import RunGuards
 from lerobot_kit.core.run.metrics_log import append_row, drop_rows_after
 from lerobot_kit.core.run.nonfinite import NonFiniteError, NonFiniteGuard, weights_finite
+from lerobot_kit.core.run.output_failures import OutputWriteError
 from lerobot_kit.core.run.progress import Progress
 from lerobot_kit.core.run.tracking import Tracker
 
 logger = logging.getLogger("lerobot_kit")
+
+METRICS_LOG = "the metrics log"
+# Raised on every rank at the same point of the run: the ranks can still close the group together.
+RAISED_ON_EVERY_RANK = (NonFiniteError, DiskFullError, CheckpointWriteError, OutputWriteError)
 
 
 @dataclass
@@ -123,10 +130,13 @@ class Trainer:
 
     def fit(self) -> TrainResult:
         """The loop. A non-finite step raises ``NonFiniteError`` on every rank at once, after
-        letting a checkpoint still being written finish: nothing is saved from that state."""
+        letting a checkpoint still being written finish: nothing is saved from that state. A
+        checkpoint that could not be written raises on every rank at once too, and a failed
+        write of the run's other output (logs, evaluation) stops every rank at the next step
+        boundary with ``OutputWriteError`` (``output_failures``)."""
         try:
             return self._fit()
-        except NonFiniteError:
+        except (NonFiniteError, DiskFullError, CheckpointWriteError):
             self.saver.finish()
             self.guards.finish()
             raise
@@ -140,8 +150,10 @@ class Trainer:
         window_steps, metric_steps, update_steps = 0, 0, 0
         window_start, grad_norm, data_wait = time.perf_counter(), None, 0.0
         skipped_before = self.nonfinite.skipped
+        failures = self.guards.failures
         if run.ctx.is_main:
-            drop_rows_after(run.output_dir, self.step)  # a resume replays the steps after its checkpoint
+            with failures.recorded(METRICS_LOG):
+                drop_rows_after(run.output_dir, self.step)  # a resume replays the steps after its checkpoint
         run.parallel.module.train()
         self.guards.start()
         while self.step < config.steps and not self.guards.stop_now():
@@ -180,23 +192,29 @@ class Trainer:
                 if run.ctx.is_main:
                     progress.clear()
                     self._log(means, progress)
-                    append_row(self.run.output_dir, means)
-                    self.tracker.log(means, self.step)
+                    with failures.recorded(METRICS_LOG):
+                        append_row(self.run.output_dir, means)
+                    with failures.recorded("the tracker's log"):
+                        self.tracker.log(means, self.step)
                 window, window_steps, metric_steps, window_start, data_wait = {}, 0, 0, time.perf_counter(), 0.0
                 skipped_before = self.nonfinite.skipped
             progress.update(self.step)
-            self.saver.poll()
+            failed_save = self.saver.poll()
+            if failed_save is not None:
+                failures.background_save_failed(failed_save)
             if config.save_checkpoint and (self.step % config.save_freq == 0 or self.step == config.steps):
                 self._save()
             hooks_start = time.perf_counter()
             for hook in self.step_hooks:
-                hook(self.step)
+                with failures.recorded("the evaluation's output"):
+                    hook(self.step)
             window_start += time.perf_counter() - hooks_start  # their time is not training throughput
         stopped = self.guards.stopped_by
         if stopped is not None and config.save_checkpoint and self.step % config.save_freq:
             self._save()  # where every rank agreed to stop
         last = self.saver.finish()
         self.guards.finish()
+        self.guards.raise_if_failed(self.step)
         result.stopped_by = stopped.name if stopped is not None else None
         result.last_checkpoint = str(last) if last else None
         progress.clear()

@@ -1,0 +1,140 @@
+"""The run's output refused by the file system mid-run (tests run as root, so real mounts).
+
+- A file system remounted read-only after the first checkpoint: the next save fails when
+  it creates its ``NNNNNN.tmp`` folder, so nothing of it exists (a read-only file system
+  could not remove it either). Every rank exits 1 with the same one line naming the path
+  and ``EROFS``; ``checkpoints/last`` still points to the first checkpoint, which
+  ``inspect-checkpoint`` calls valid. The ranks are frozen (SIGSTOP) the moment ``last``
+  appears, while the file system is remounted, so the failing save is always step 4's.
+- ``logs/metrics.jsonl`` on a read-only bind mount: the main process alone writes it,
+  yet both ranks stop at the same step with the same line, and the checkpoints stay intact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from _dist_util import describe, start_ranks, wait_ranks
+from conftest import TINY_ACT, launch_env, run_cli, script, tmpfs
+from inotify_watch import IN_CREATE, IN_MOVED_TO, Watch
+
+RUN = [*TINY_ACT, "--dataset.num_episodes=2", "--dataset.episode_length=20", "--batch_size=2"]
+
+
+def error_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("error:")]
+
+
+def wait_for_entry(watch: Watch, folder: Path, name: str, timeout: float) -> None:
+    """Block until ``folder/name`` exists (created or renamed into place), watched by inotify."""
+    deadline = time.monotonic() + timeout
+    while not os.path.lexists(folder / name):
+        assert time.monotonic() < deadline, f"{folder / name} did not appear within {timeout}s"
+        watch.events(wait=0.5)
+
+
+def freeze(pids: list[int]) -> None:
+    """SIGSTOP every process and wait until the kernel shows each stopped."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    for pid in pids:
+        while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+            time.sleep(0.001)
+
+
+@pytest.mark.parametrize("world_size", [1, 2], ids=["one_process", "two_ranks"])
+def test_a_read_only_remount_after_the_first_checkpoint_is_one_line_with_last_intact(tmp_path, world_size):
+    with tmpfs(tmp_path / "disk", "size=64m") as disk:
+        run = disk / "run"
+        run.mkdir()
+        argv = [script("lerobot"), "train", *RUN, "--steps=8", "--save_freq=2", "--log_freq=100",
+                f"--output_dir={run}"]
+        with Watch() as watch:
+            watch.add(run, IN_CREATE)
+            if world_size == 1:
+                procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                          cwd=tmp_path, env=launch_env(tmp_path))]
+            else:
+                ranks = start_ranks(argv, world_size, tmp_path)
+                procs = [r.proc for r in ranks]
+            try:
+                wait_for_entry(watch, run, "checkpoints", timeout=300)
+                watch.add(run / "checkpoints", IN_MOVED_TO)
+                wait_for_entry(watch, run / "checkpoints", "last", timeout=300)
+                freeze([p.pid for p in procs])
+                subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+            finally:
+                for proc in procs:
+                    os.kill(proc.pid, signal.SIGCONT)
+        if world_size == 1:
+            output, _ = procs[0].communicate(timeout=300)
+            outputs, codes = [output], [procs[0].returncode]
+        else:
+            codes = wait_ranks(ranks, timeout=300)
+            outputs = [r.output() for r in ranks]
+        context = "\n---\n".join(o[-3000:] for o in outputs)
+        assert codes == [1] * world_size, context
+        lines = [error_lines(output) for output in outputs]
+        assert all(len(found) == 1 for found in lines), context
+        assert all(found == lines[0] for found in lines), context  # every rank says the same
+        [line] = lines[0]
+        tmp = run / "checkpoints" / "000004.tmp"
+        assert line == (
+            f"error: checkpoint of step 4 not written: {tmp}: Read-only file system (errno EROFS); nothing of it was "
+            "written; checkpoints/last still points to 000002; the file system became read-only: remount it "
+            "read-write (or move the run's folder), then resume"), line
+        assert not any("Traceback" in output for output in outputs), context
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["000002", "last"]
+        assert os.readlink(run / "checkpoints" / "last") == "000002"
+        inspected = run_cli("inspect-checkpoint", str(run / "checkpoints" / "last"))
+        assert inspected.returncode == 0, inspected.stdout + inspected.stderr
+        assert "valid" in inspected.stdout, inspected.stdout
+
+
+@contextlib.contextmanager
+def read_only_bind(folder: Path) -> Iterator[Path]:
+    """``folder`` bind-mounted read-only onto itself (root ignores file modes), unmounted afterwards."""
+    subprocess.run(["mount", "--bind", str(folder), str(folder)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], check=True)
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_metrics_log_that_cannot_be_written_stops_every_rank_at_one_step_with_one_line(tmp_path):
+    run = tmp_path / "run"
+    first = run_cli("train", *RUN, "--steps=2", "--save_freq=2", "--log_freq=1", f"--output_dir={run}",
+                    cwd=tmp_path, env=launch_env(tmp_path), timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    metrics = run / "logs" / "metrics.jsonl"
+    rows_before = metrics.read_text()
+    argv = [script("lerobot"), "train", *RUN, "--steps=6", "--save_freq=2", "--log_freq=1", "--resume=true",
+            f"--output_dir={run}"]
+    with read_only_bind(run / "logs"):
+        ranks = start_ranks(argv, 2, tmp_path)
+        codes = wait_ranks(ranks, timeout=300)
+    assert codes == [1, 1], describe(ranks)
+    lines = [error_lines(r.output()) for r in ranks]
+    assert lines[0] == lines[1] and len(lines[0]) == 1, describe(ranks)
+    [line] = lines[0]
+    assert line.startswith(f"error: could not write the metrics log: {metrics}: Read-only file system (errno EROFS); "
+                           "the run stopped after step "), line
+    assert line.endswith("; the file system became read-only: remount it read-write (or move the run's folder), "
+                         "then resume (--resume=true)"), line
+    assert not any("Traceback" in r.output() for r in ranks), describe(ranks)
+    # The first refused row is step 3's; the ranks' stop agreement runs one step behind, so they
+    # stop after step 4, whose checkpoint (a separate folder, writable) is published first.
+    assert "the run stopped after step 4; checkpoints/last points to 000004;" in line, line
+    assert os.readlink(run / "checkpoints" / "last") == "000004"
+    assert metrics.read_text() == rows_before
+    inspected = run_cli("inspect-checkpoint", str(run / "checkpoints" / "last"))
+    assert inspected.returncode == 0, inspected.stdout + inspected.stderr
