@@ -8,6 +8,8 @@
   appears, while the file system is remounted, so the failing save is always step 4's.
 - ``logs/metrics.jsonl`` on a read-only bind mount: the main process alone writes it,
   yet both ranks stop at the same step with the same line, and the checkpoints stay intact.
+- trackio's folder remounted read-only mid-run: trackio carries on without storing; the
+  run says so in one warning line (path and errno) and finishes.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from _dist_util import describe, start_ranks, wait_ranks
-from conftest import TINY_ACT, launch_env, run_cli, script, tmpfs
+from conftest import TINY_ACT, launch_env, read_metrics, run_cli, script, tmpfs
 from inotify_watch import IN_CREATE, IN_MOVED_TO, Watch
 
 RUN = [*TINY_ACT, "--dataset.num_episodes=2", "--dataset.episode_length=20", "--batch_size=2"]
@@ -41,13 +43,22 @@ def wait_for_entry(watch: Watch, folder: Path, name: str, timeout: float) -> Non
         watch.events(wait=0.5)
 
 
-def freeze(pids: list[int]) -> None:
-    """SIGSTOP every process and wait until the kernel shows each stopped."""
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    for pid in pids:
-        while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
-            time.sleep(0.001)
+def remount_read_only_after_first_checkpoint(watch: Watch, run: Path, mount: Path, pids: list[int]) -> None:
+    """The moment ``run/checkpoints/last`` appears, freeze the processes (SIGSTOP), remount
+    ``mount`` read-only and let them go on: the run is then always between steps 2 and 4."""
+    wait_for_entry(watch, run, "checkpoints", timeout=300)
+    watch.add(run / "checkpoints", IN_MOVED_TO)
+    wait_for_entry(watch, run / "checkpoints", "last", timeout=300)
+    try:
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        for pid in pids:
+            while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+                time.sleep(0.001)
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
 
 
 @pytest.mark.parametrize("world_size", [1, 2], ids=["one_process", "two_ranks"])
@@ -65,15 +76,7 @@ def test_a_read_only_remount_after_the_first_checkpoint_is_one_line_with_last_in
             else:
                 ranks = start_ranks(argv, world_size, tmp_path)
                 procs = [r.proc for r in ranks]
-            try:
-                wait_for_entry(watch, run, "checkpoints", timeout=300)
-                watch.add(run / "checkpoints", IN_MOVED_TO)
-                wait_for_entry(watch, run / "checkpoints", "last", timeout=300)
-                freeze([p.pid for p in procs])
-                subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
-            finally:
-                for proc in procs:
-                    os.kill(proc.pid, signal.SIGCONT)
+            remount_read_only_after_first_checkpoint(watch, run, disk, [p.pid for p in procs])
         if world_size == 1:
             output, _ = procs[0].communicate(timeout=300)
             outputs, codes = [output], [procs[0].returncode]
@@ -138,3 +141,26 @@ def test_a_metrics_log_that_cannot_be_written_stops_every_rank_at_one_step_with_
     assert metrics.read_text() == rows_before
     inspected = run_cli("inspect-checkpoint", str(run / "checkpoints" / "last"))
     assert inspected.returncode == 0, inspected.stdout + inspected.stderr
+
+
+def test_trackio_storage_turning_read_only_is_one_warning_line_and_the_run_finishes(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    with tmpfs(tmp_path / "trackio", "size=16m") as trackio_dir:
+        argv = [script("lerobot"), "train", *RUN, "--steps=6", "--save_freq=2", "--log_freq=1",
+                "--trackio.enable=true", "--trackio.project=kit-tests", f"--output_dir={run}"]
+        env = launch_env(tmp_path, {"TRACKIO_DIR": str(trackio_dir)})
+        with Watch() as watch:
+            watch.add(run, IN_CREATE)
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                                    env=env)
+            remount_read_only_after_first_checkpoint(watch, run, trackio_dir, [proc.pid])
+        output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output[-4000:]
+    warned = [line for line in output.splitlines() if "trackio could not store" in line]
+    assert len(warned) == 1, output[-4000:]
+    assert warned[0].endswith(": Read-only file system (errno EROFS); the run goes on, and logs/metrics.jsonl has "
+                              "every row"), warned[0]
+    assert f"warning: trackio could not store the metrics: {trackio_dir}/" in warned[0]
+    assert "UserWarning" not in output and "Traceback" not in output, output[-4000:]
+    assert [row["step"] for row in read_metrics(run)] == [1, 2, 3, 4, 5, 6]
