@@ -54,24 +54,19 @@ def checkpoint_format(name: str) -> CheckpointFormat:
 def save_checkpoint(state: CheckpointState, step: int, position: DataPosition) -> Path | None:
     """Collective: every rank must call it at the same step. Returns the folder on the main process.
 
-    A failed write raises ``write_failures.SaveFailed`` on every rank at the same point
-    (``write_failures.cleaned_up`` words it); nothing is published then.
+    Once every rank's writes are done, each hashes its own shard files and the main
+    process publishes the folder with the gathered digests. A failed write raises
+    ``write_failures.SaveFailed`` on every rank at the same point (``write_failures.cleaned_up``
+    words it); nothing is published then.
     """
-    write_checkpoint(state, step, position)
-    return publish_written(state, step)
-
-
-def publish_written(state: CheckpointState, step: int, group: Any = None) -> Path | None:
-    """Collective (over ``group``, default all ranks): once every rank's writes of ``step`` are
-    done, each hashes its own shard files and the main process publishes the folder with the
-    gathered digests. Returns the published folder on the main process."""
     ctx = state.ctx
+    write_checkpoint(state, step, position)
     tmp = atomic.temp_step_dir(state.output_dir, step)
-    with save_phase(state, group):
+    with save_phase(state):
         mine = own_shard_digests(tmp, ctx.rank)
-    digests = gather_digests(ctx, mine, group)
+    digests = gather_digests(ctx, mine)
     final = None
-    with save_phase(state, group):
+    with save_phase(state):
         if ctx.is_main:
             final = atomic.publish(state.output_dir, step, digests)
     return final

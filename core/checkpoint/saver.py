@@ -5,15 +5,16 @@ published. With ``async_checkpoint`` in a sharded run, a save returns once every
 shard state is copied into memory: a background thread per rank writes the shards while
 training goes on, coordinating over a gloo group of its own so that its collectives
 never interleave with the training ones. The checkpoint stays a ``.tmp`` folder until
-every write is done; then the main process's thread publishes it (fsync, rename,
-``last``), as crash-safe as a synchronous save. At most one save is in flight: the next
-save first waits for it, which bounds the extra memory to one staged copy of the
-sharded state.
+every write is done; then the main process publishes it (fsync, rename, ``last``), as
+crash-safe as a synchronous save. At most one save is in flight: the next save first
+waits for it, which bounds the extra memory to one staged copy of the sharded state.
 
 A write that fails (a full disk, a read-only file system, a quota) stops every rank
-alike with one line, the unfinished ``.tmp`` removed (``write_failures``); in the
-background, the threads agree on their side group, and each rank raises the line when
-it next looks at the save (``poll``, the next save, or the end of the run).
+alike with one line, the unfinished ``.tmp`` removed (``write_failures``). In the
+background the ranks' threads agree on their side group, and each rank raises the line
+at the next point every rank reaches together (the next save, or ``finish``); a rank
+that sees the failure earlier (``poll``), and a publish that the main process alone
+sees refused, are told to ``refused``, whose caller stops every rank at one step.
 
 Files other than shards (gathered weights, configs, RNG, scheduler) are small or need
 the gather anyway, so they are still written before the save returns.
@@ -22,6 +23,7 @@ the gather anyway, so they are still written before the save returns.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -29,12 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from lerobot_kit.core.checkpoint import disk_space, retention, write_failures
-from lerobot_kit.core.checkpoint.save_restore import publish_written, save_checkpoint, write_checkpoint
+from lerobot_kit.core.checkpoint.save_digests import gather_digests, own_shard_digests
+from lerobot_kit.core.checkpoint.save_restore import save_checkpoint, write_checkpoint
 from lerobot_kit.core.checkpoint.shard_writes import deferred_shard_writes, write_deferred
 from lerobot_kit.core.checkpoint.state import CheckpointState
 from lerobot_kit.core.data.sampler import DataPosition
 from lerobot_kit.core.distributed.process_group import barrier
-from lerobot_kit.core.errors import CheckpointError, LerobotError, first_line
+from lerobot_kit.core.errors import CheckpointError, LerobotError, first_line, os_error_line
+from lerobot_kit.core.layout import atomic
+from lerobot_kit.core.layout.manifest import FileDigest
 
 logger = logging.getLogger("lerobot_kit")
 
@@ -42,7 +47,7 @@ logger = logging.getLogger("lerobot_kit")
 @dataclass
 class _InFlight:
     step: int
-    future: Future[Path | None]  # the published folder (main process)
+    future: Future[dict[str, FileDigest]]  # every rank's digests of its shard files
     needed: int  # bytes all ranks write for it, for the message if the disk fills up
 
 
@@ -56,9 +61,11 @@ class SaveSettings:
 
 
 class CheckpointSaver:
-    def __init__(self, state: CheckpointState, settings: SaveSettings) -> None:
+    def __init__(self, state: CheckpointState, settings: SaveSettings, refused: Callable[[str, str], None]) -> None:
+        """``refused(what, fix)``: a background save failed where this rank cannot raise alone."""
         self.state = state
         self.settings = settings
+        self.refused = refused
         sharded = state.facts.sharded
         self.background = settings.async_checkpoint and sharded
         self.last: Path | None = None
@@ -99,25 +106,25 @@ class CheckpointSaver:
             with deferred_shard_writes(self._stager) as deferred:
                 write_checkpoint(self.state, step, position)
         assert self._writer is not None
-        future = self._writer.submit(_write_and_publish, self.state, step, deferred.writes, self._group)
+        tmp = atomic.temp_step_dir(self.state.output_dir, step)
+        future = self._writer.submit(_write_and_hash, self.state, deferred.writes, self._group, tmp)
         self._in_flight = _InFlight(step, future, needed)
 
-    def poll(self) -> int | None:
-        """Publish-side bookkeeping of the checkpoint in flight if its writes are done; never waits,
-        no collective. Returns the step of a background save that failed: the caller then stops
-        every rank at one step and calls ``finish``, which raises its line on every rank alike.
+    def poll(self) -> None:
+        """Publish the checkpoint in flight if its writes are done; never waits, no collective.
 
-        Each rank checks only its own writer: the background thread's last step agrees
-        with every rank's thread, so the main process's writer being done means all
-        shards of all ranks are on the disk and the checkpoint is published.
+        Each rank checks only its own writer: DCP's last step gathers every rank's write
+        results before any rank's ``save`` returns, so the main process's writer being
+        done means all shards of all ranks are on the disk. A failed write is left in
+        flight, for the next save or ``finish`` to raise on every rank alike.
         """
         in_flight = self._in_flight
         if in_flight is None or not in_flight.future.done():
-            return None
+            return
         if in_flight.future.exception() is not None:
-            return in_flight.step
+            self.refused(f"the background checkpoint of step {in_flight.step} failed", write_failures.fix_for(None))
+            return
         self.wait()
-        return None
 
     def finish(self) -> Path | None:
         """Collective: wait for the save in flight, publish it; the last published checkpoint."""
@@ -130,13 +137,15 @@ class CheckpointSaver:
         return self.last
 
     def wait(self) -> None:
-        """Block until the save in flight is written and published; no collective."""
+        """Block until the save in flight is written, then publish it (main process); no collective,
+        except for a failed write, which every rank raises here alike (``poll`` leaves it for
+        the next save or ``finish``, which every rank reaches together)."""
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is None:
             return
         try:
             with write_failures.cleaned_up(self.state, in_flight.step, in_flight.needed):
-                final = in_flight.future.result()
+                digests = in_flight.future.result()
         except LerobotError:
             raise
         except BaseException as exc:  # DCP's CheckpointException is a BaseException
@@ -145,8 +154,23 @@ class CheckpointSaver:
                 f"the background checkpoint of step {in_flight.step} failed, so it was not published "
                 f"({type(cause).__name__}: {first_line(cause)}); the previous checkpoint is intact"
             ) from exc
-        if final is not None:
-            logger.debug("checkpoint of step %d published", in_flight.step)
+        if self.state.ctx.is_main:
+            self._publish(in_flight.step, digests)
+
+    def _publish(self, step: int, digests: dict[str, FileDigest]) -> None:
+        """Main process: publish the written checkpoint of ``step``. Refused by the file system, the
+        folder is removed and ``refused`` told (the other ranks are elsewhere: nothing is raised)."""
+        try:
+            final = atomic.publish(self.state.output_dir, step, digests)
+        except (OSError, CheckpointError) as exc:
+            removed = write_failures.remove_unfinished(self.state, step)
+            if isinstance(exc, OSError):
+                self.refused(f"checkpoint of step {step} not published: {os_error_line(exc)}; {removed}",
+                             write_failures.fix_for(exc.errno))
+            else:
+                self.refused(f"checkpoint of step {step} not published: {exc}; {removed}", "")
+            return
+        logger.debug("checkpoint of step %d published", step)
         self._published(final)
 
     def _published(self, final: Path | None) -> None:
@@ -157,11 +181,13 @@ class CheckpointSaver:
         retention.prune(self.state.output_dir, int(final.name), self.settings.keep_last_checkpoints)
 
 
-def _write_and_publish(
-    state: CheckpointState, step: int, writes: list[tuple[dict[str, Any], Path]], group: Any
-) -> Path | None:
-    """Background thread, collective over ``group``: the queued shard writes, then the publish
-    (``publish_written``). A failed write raises ``SaveFailed`` in every rank's thread alike."""
+def _write_and_hash(
+    state: CheckpointState, writes: list[tuple[dict[str, Any], Path]], group: Any, step_dir: Path
+) -> dict[str, FileDigest]:
+    """Background thread, collective over ``group``: the queued shard writes, then every rank's
+    digests of the shard files it wrote, for the main process's manifest. A failed write
+    raises ``SaveFailed`` in every rank's thread alike."""
     with write_failures.save_phase(state, group):
         write_deferred(writes, group)
-    return publish_written(state, step, group)
+        mine = own_shard_digests(step_dir, state.ctx.rank)
+    return gather_digests(state.ctx, mine, group)

@@ -1,17 +1,18 @@
 """A write of the run's output that fails during training: every rank stops at one step, with one line.
 
-The main process alone appends ``logs/metrics.jsonl`` and feeds the tracker; evaluation
-writes its folder; a checkpoint written in the background fails in a thread, noticed by
-each rank at its own moment. Raising where the failure happens would end one process
-while the others wait in the next step's collective. So the failure is recorded here
+The main process alone appends ``logs/metrics.jsonl`` (training and evaluation rows),
+feeds the tracker and publishes a checkpoint written in the background; a background
+write fails in a thread, noticed by each rank at its own moment. Raising where the failure
+happens would end one process while the others wait in the next step's collective. So
+the failure is recorded here
 and posted as a stop request (``preemption.StopAgreement``): the ranks agree to stop at
 the same step boundary, as for a signal, but without writing a checkpoint on the way
 out. After the loop they exchange what failed (also during the last step, which no
 agreement follows) and every rank raises the same line: what was being written, the
 path and errno, the step the run stopped after and where ``checkpoints/last`` points —
 the last published checkpoint, intact, which the run continues from once the cause is
-fixed. (A background save's own line comes from the checkpoint saver, raised on every
-rank when it is waited for.)
+fixed. (A failed background write gets its own line from the checkpoint saver, raised
+on every rank when they next wait for that save together.)
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from lerobot_kit.core.layout import paths
 
 
 class OutputWriteError(LerobotError):
-    """A file of the run's output (logs, tracking, evaluation) could not be written; every rank stopped."""
+    """A file of the run's output (the metrics log, the tracker's, a checkpoint's publish) could not be
+    written; every rank stopped."""
 
 
 class OutputFailures:
@@ -44,13 +46,12 @@ class OutputFailures:
         try:
             yield
         except OSError as exc:
-            if self.first is None:
-                self.first = (f"could not write {what}: {os_error_line(exc)}", fix_for(exc.errno))
+            self.record(f"could not write {what}: {os_error_line(exc)}", fix_for(exc.errno))
 
-    def background_save_failed(self, step: int) -> None:
-        """The checkpoint of ``step`` written in the background failed; its line comes from the saver."""
+    def record(self, what: str, fix: str) -> None:
+        """A failure described by the code that met it (the checkpoint saver's background side)."""
         if self.first is None:
-            self.first = (f"the background checkpoint of step {step} failed", fix_for(None))
+            self.first = (what, fix)
 
     def pending(self) -> bool:
         """Whether this rank asks the others to stop (read by the stop agreement before each step)."""
@@ -65,4 +66,5 @@ class OutputFailures:
         what, fix = described[0]
         last = paths.last_checkpoint(self.output_dir)
         kept = f"{paths.CHECKPOINTS_DIR}/{paths.LAST_LINK} points to {last.name}" if last else "no checkpoint yet"
-        raise OutputWriteError(f"{what}; the run stopped after step {step}; {kept}; {fix} (--resume=true)")
+        fix = f"; {fix} (--resume=true)" if fix else "; then resume (--resume=true)"
+        raise OutputWriteError(f"{what}; the run stopped after step {step}; {kept}{fix}")

@@ -149,7 +149,7 @@ def _train(config: TrainConfig, ctx: DistContext) -> TrainResult:
         for line in format_banner(run, prepared.dataset_len, prepared.start_step):
             logger.info(line)
     tracker = make_tracker(run.spec, ctx)
-    hooks = evaluation_hooks(run, tracker)
+    hooks = evaluation_hooks(run)
     barrier(ctx)
     trainer = Trainer(
         run, iter(prepared.loader), prepared.sampler, prepared.start_step, prepared.position, tracker, hooks

@@ -58,7 +58,7 @@ class Trainer:
         start_step: int,
         position: DataPosition,
         tracker: Tracker,
-        step_hooks: Sequence[Callable[[int], None]] = (),
+        step_hooks: Sequence[Callable[[int], dict[str, float] | None]] = (),
     ) -> None:
         self.run = run
         self.tracker = tracker
@@ -73,14 +73,15 @@ class Trainer:
         policy = unwrapped_policy(run.parallel.model)
         assert isinstance(policy, Policy), type(policy)
         self.policy = policy
+        self.guards = RunGuards(run)  # stop on signals, hang watchdog: around the loop, not in it
         self.saver = CheckpointSaver(run.checkpoint_state, SaveSettings(
             config.async_checkpoint, config.keep_last_checkpoints, config.parallelism.timeout_s
-        ))
-        self.guards = RunGuards(run)  # stop on signals, hang watchdog: around the loop, not in it
+        ), refused=self.guards.failures.record)
         # Non-finite loss or gradient norm: inside the step, between clipping and the update.
         self.nonfinite = NonFiniteGuard(config, run.ctx, scaled=run.scaler is not None)
         # Called with the step number after each step, its log line and its checkpoint; each
-        # hook decides whether the step is its own (evaluation: core.run.evaluation).
+        # hook decides whether the step is its own (evaluation: core.run.evaluation) and may
+        # return a metrics row, which the main process logs like its own.
         self.step_hooks = list(step_hooks)
 
     def _is_sync_step(self, step: int) -> bool:
@@ -132,8 +133,9 @@ class Trainer:
         """The loop. A non-finite step raises ``NonFiniteError`` on every rank at once, after
         letting a checkpoint still being written finish: nothing is saved from that state. A
         checkpoint that could not be written raises on every rank at once too, and a failed
-        write of the run's other output (logs, evaluation) stops every rank at the next step
-        boundary with ``OutputWriteError`` (``output_failures``)."""
+        write that only the main process sees (the metrics log, the tracker, the publish of a
+        background checkpoint) stops every rank at the next step boundary with
+        ``OutputWriteError`` (``output_failures``)."""
         try:
             return self._fit()
         except (NonFiniteError, DiskFullError, CheckpointWriteError):
@@ -192,22 +194,18 @@ class Trainer:
                 if run.ctx.is_main:
                     progress.clear()
                     self._log(means, progress)
-                    with failures.recorded(METRICS_LOG):
-                        append_row(self.run.output_dir, means)
-                    with failures.recorded("the tracker's log"):
-                        self.tracker.log(means, self.step)
+                    self._write_row(means)
                 window, window_steps, metric_steps, window_start, data_wait = {}, 0, 0, time.perf_counter(), 0.0
                 skipped_before = self.nonfinite.skipped
             progress.update(self.step)
-            failed_save = self.saver.poll()
-            if failed_save is not None:
-                failures.background_save_failed(failed_save)
+            self.saver.poll()
             if config.save_checkpoint and (self.step % config.save_freq == 0 or self.step == config.steps):
                 self._save()
             hooks_start = time.perf_counter()
             for hook in self.step_hooks:
-                with failures.recorded("the evaluation's output"):
-                    hook(self.step)
+                row = hook(self.step)
+                if row is not None:
+                    self._write_row(row)
             window_start += time.perf_counter() - hooks_start  # their time is not training throughput
         stopped = self.guards.stopped_by
         if stopped is not None and config.save_checkpoint and self.step % config.save_freq:
@@ -230,6 +228,15 @@ class Trainer:
                 "checkpoint, so checkpoints/last is unchanged; fix: lower --optimizer.lr"
             )
         self.saver.save(self.step, self.position)
+
+    def _write_row(self, row: dict[str, float]) -> None:
+        """Main process: one row to ``logs/metrics.jsonl`` and the tracker. A refused write stops
+        every rank at the next step boundary instead of this process alone (``output_failures``)."""
+        failures = self.guards.failures
+        with failures.recorded(METRICS_LOG):
+            append_row(self.run.output_dir, row)
+        with failures.recorded("the tracker's log"):
+            self.tracker.log(row, self.step)
 
     def _log(self, means: dict[str, float], progress: Progress) -> None:
         parts = [f"step {int(means['step'])}/{self.run.config.steps}", f"loss {means['loss']:.4f}"]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from _dist_util import describe, start_ranks, wait_ranks
+from _dist_util import Rank, describe, start_ranks, wait_ranks
 from conftest import TINY_ACT, launch_env, read_metrics, run_cli, script, tmpfs
 from inotify_watch import IN_CREATE, IN_MOVED_TO, Watch
 
@@ -35,20 +35,34 @@ def error_lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.startswith("error:")]
 
 
-def wait_for_entry(watch: Watch, folder: Path, name: str, timeout: float) -> None:
-    """Block until ``folder/name`` exists (created or renamed into place), watched by inotify."""
+def wait_for_entry(watch: Watch, folder: Path, name: str, procs: list[subprocess.Popen], timeout: float) -> None:
+    """Block until ``folder/name`` exists (created or renamed into place), watched by inotify;
+    fails at once when a process of the run ended before."""
     deadline = time.monotonic() + timeout
     while not os.path.lexists(folder / name):
         assert time.monotonic() < deadline, f"{folder / name} did not appear within {timeout}s"
+        assert all(p.poll() is None for p in procs), f"the run ended before {folder / name} appeared"
         watch.events(wait=0.5)
 
 
-def remount_read_only_after_first_checkpoint(watch: Watch, run: Path, mount: Path, pids: list[int]) -> None:
+def launch(argv: list[str], world_size: int, workdir: Path) -> list[Rank]:
+    """``argv`` as one plain process (no launcher variables) or as ``world_size`` ranks; output to log files."""
+    if world_size > 1:
+        return start_ranks(argv, world_size, workdir)
+    log = workdir / "run.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=workdir, env=launch_env(workdir))
+    return [Rank(0, proc, log)]
+
+
+def remount_read_only_after_first_checkpoint(watch: Watch, run: Path, mount: Path,
+                                              procs: list[subprocess.Popen]) -> None:
     """The moment ``run/checkpoints/last`` appears, freeze the processes (SIGSTOP), remount
     ``mount`` read-only and let them go on: the run is then always between steps 2 and 4."""
-    wait_for_entry(watch, run, "checkpoints", timeout=300)
+    wait_for_entry(watch, run, "checkpoints", procs, timeout=240)
     watch.add(run / "checkpoints", IN_MOVED_TO)
-    wait_for_entry(watch, run / "checkpoints", "last", timeout=300)
+    wait_for_entry(watch, run / "checkpoints", "last", procs, timeout=240)
+    pids = [p.pid for p in procs]
     try:
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
@@ -70,19 +84,12 @@ def test_a_read_only_remount_after_the_first_checkpoint_is_one_line_with_last_in
                 f"--output_dir={run}"]
         with Watch() as watch:
             watch.add(run, IN_CREATE)
-            if world_size == 1:
-                procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                          cwd=tmp_path, env=launch_env(tmp_path))]
-            else:
-                ranks = start_ranks(argv, world_size, tmp_path)
-                procs = [r.proc for r in ranks]
-            remount_read_only_after_first_checkpoint(watch, run, disk, [p.pid for p in procs])
-        if world_size == 1:
-            output, _ = procs[0].communicate(timeout=300)
-            outputs, codes = [output], [procs[0].returncode]
-        else:
-            codes = wait_ranks(ranks, timeout=300)
-            outputs = [r.output() for r in ranks]
+            ranks = launch(argv, world_size, tmp_path)
+            try:
+                remount_read_only_after_first_checkpoint(watch, run, disk, [r.proc for r in ranks])
+            finally:
+                codes = wait_ranks(ranks, timeout=240)  # kills every rank if one outlives the limit
+        outputs = [r.output() for r in ranks]
         context = "\n---\n".join(o[-3000:] for o in outputs)
         assert codes == [1] * world_size, context
         lines = [error_lines(output) for output in outputs]
@@ -152,11 +159,16 @@ def test_trackio_storage_turning_read_only_is_one_warning_line_and_the_run_finis
         env = launch_env(tmp_path, {"TRACKIO_DIR": str(trackio_dir)})
         with Watch() as watch:
             watch.add(run, IN_CREATE)
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-                                    env=env)
-            remount_read_only_after_first_checkpoint(watch, run, trackio_dir, [proc.pid])
-        output, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, output[-4000:]
+            log = tmp_path / "run.log"
+            with open(log, "w") as out:
+                proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path, env=env)
+            ranks = [Rank(0, proc, log)]
+            try:
+                remount_read_only_after_first_checkpoint(watch, run, trackio_dir, [proc])
+            finally:
+                codes = wait_ranks(ranks, timeout=240)
+    output = ranks[0].output()
+    assert codes == [0], output[-4000:]
     warned = [line for line in output.splitlines() if "trackio could not store" in line]
     assert len(warned) == 1, output[-4000:]
     assert warned[0].endswith(": Read-only file system (errno EROFS); the run goes on, and logs/metrics.jsonl has "

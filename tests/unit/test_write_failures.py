@@ -84,11 +84,10 @@ def test_a_held_write_lets_the_phase_finish_then_stops_it(disk):
     remount(disk, "ro")
     state = one_process_state(disk / "run")
     after = []
-    with pytest.raises(SaveFailed) as failed:
-        with save_phase(state):
-            with held_until_phase_end():
-                save_safetensors({"w": torch.ones(2)}, disk / "run" / "model.safetensors")
-            after.append("the format's later collectives")
+    with pytest.raises(SaveFailed) as failed, save_phase(state):
+        with held_until_phase_end():
+            save_safetensors({"w": torch.ones(2)}, disk / "run" / "model.safetensors")
+        after.append("the format's later collectives")
     assert after == ["the format's later collectives"]
     [failure] = failed.value.failures
     assert failure.what == f"{disk / 'run' / 'model.safetensors'}: Read-only file system (errno EROFS)"
@@ -97,15 +96,13 @@ def test_a_held_write_lets_the_phase_finish_then_stops_it(disk):
 
 def test_outside_a_save_a_held_write_raises_at_once(disk):
     remount(disk, "ro")
-    with pytest.raises(OSError):
-        with held_until_phase_end():
-            save_safetensors({"w": torch.ones(2)}, disk / "model.safetensors")
+    with pytest.raises(OSError), held_until_phase_end():
+        save_safetensors({"w": torch.ones(2)}, disk / "model.safetensors")
 
 
 def test_a_bug_inside_a_phase_is_not_taken_for_a_refused_write(tmp_path):
-    with pytest.raises(ValueError, match="a bug"):
-        with save_phase(one_process_state(tmp_path)):
-            raise ValueError("a bug")
+    with pytest.raises(ValueError, match="a bug"), save_phase(one_process_state(tmp_path)):
+        raise ValueError("a bug")
 
 
 def test_what_counts_as_a_refused_write(tmp_path):
@@ -130,9 +127,8 @@ def test_the_unfinished_folder_is_removed_or_named_when_it_cannot_be(disk):
     state = one_process_state(run)
     failure = describe(OSError(errno.EIO, os.strerror(errno.EIO), str(tmp / "pretrained_model" / "x")), 0, disk)
     remount(disk, "ro")
-    with pytest.raises(CheckpointWriteError) as stays:
-        with cleaned_up(state, 4, needed_total=0):
-            raise SaveFailed([failure])
+    with pytest.raises(CheckpointWriteError) as stays, cleaned_up(state, 4, needed_total=0):
+        raise SaveFailed([failure])
     assert str(stays.value) == (
         f"checkpoint of step 4 not written: {tmp}/pretrained_model/x: Input/output error (errno EIO); the unfinished "
         f"{tmp} could not be removed (Read-only file system) and stays: resume ignores it, and the next checkpoint "
