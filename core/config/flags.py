@@ -10,11 +10,12 @@ from __future__ import annotations
 import difflib
 import json
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from lerobot_kit.core.config.schema import DatasetConfig, EnvConfig, PolicyConfig, Section, TrainConfig
+from lerobot_kit.core.config.validation_errors import flag_lines, shown
 from lerobot_kit.core.errors import ConfigError, LerobotError
 
 CONFIG_PATH_FLAG = "config_path"
@@ -119,50 +120,6 @@ def merge_sources(file: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]
     return merged
 
 
-def _field_names(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    """Names of the fields at ``loc`` inside ``model`` (for did-you-mean)."""
-    current: Any = model
-    for part in loc:
-        if not (isinstance(current, type) and issubclass(current, BaseModel)):
-            return []
-        field = current.model_fields.get(str(part))
-        if field is None:
-            return []
-        current = _model_in(field.annotation)
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
-    return []
-
-
-def _model_in(annotation: Any) -> Any:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in get_args(annotation):
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    if get_origin(annotation) is None:
-        return None
-    return None
-
-
-def format_validation_error(exc: ValidationError, model: type[BaseModel], prefix: str = "") -> list[str]:
-    lines = []
-    for err in exc.errors():
-        loc = tuple(err["loc"])
-        path = (prefix + ".".join(str(p) for p in loc)).rstrip(".") or "config"
-        if err["type"] == "extra_forbidden":
-            siblings = _field_names(model, loc[:-1])
-            hint = difflib.get_close_matches(str(loc[-1]), siblings, n=1)
-            suggestion = f"; did you mean --{prefix}{'.'.join([*map(str, loc[:-1]), hint[0]])}?" if hint else ""
-            lines.append(f"--{path}: unknown flag{suggestion}")
-        else:
-            given = err.get("input")
-            shown = f" (got {given!r})" if not isinstance(given, dict) else ""
-            lines.append(f"--{path}: {err['msg']}{shown}")
-    return lines
-
-
 def resolve_section(raw: dict[str, Any], key: str, problems: list[str], typed_by_file: bool = False) -> Section | None:
     """Validate ``raw[key]`` with the config class its ``type`` names in the registry.
 
@@ -176,7 +133,7 @@ def resolve_section(raw: dict[str, Any], key: str, problems: list[str], typed_by
     kind, base = POLYMORPHIC[key]
     value = raw.get(key) or {}
     if not isinstance(value, dict):
-        problems.append(f"--{key}: expected a section, got {value!r}")
+        problems.append(f"--{key}: expected a section, got {shown(value)}")
         return None
     value = dict(value)
     if key == "policy" and value.get("path") and "type" not in value:
@@ -202,7 +159,7 @@ def resolve_section(raw: dict[str, Any], key: str, problems: list[str], typed_by
     try:
         return config_class.model_validate(value)
     except ValidationError as exc:
-        problems.extend(format_validation_error(exc, config_class, prefix=f"{key}."))
+        problems.extend(flag_lines(exc, config_class, prefix=f"{key}."))
         return None
 
 
@@ -243,7 +200,7 @@ def build_train_config(raw: dict[str, Any], typed_by_file: frozenset[str] = froz
     try:
         config = TrainConfig.model_validate(rest)
     except ValidationError as exc:
-        problems.extend(format_validation_error(exc, TrainConfig))
+        problems.extend(flag_lines(exc, TrainConfig))
     if config is not None:
         formats = get_registry().names("checkpoint_format")
         if config.checkpoint_format not in formats:
