@@ -8,31 +8,32 @@ string for pydantic's lax coercion. Flags are deep-merged over ``--config_path``
 from __future__ import annotations
 
 import difflib
-import json
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from lerobot_kit.core.config import json_input
 from lerobot_kit.core.config.schema import DatasetConfig, EnvConfig, PolicyConfig, Section, TrainConfig
 from lerobot_kit.core.config.validation_errors import flag_lines, shown
-from lerobot_kit.core.errors import ConfigError, LerobotError
+from lerobot_kit.core.errors import CheckpointError, ConfigError, LerobotError
 
 CONFIG_PATH_FLAG = "config_path"
 POLYMORPHIC = {"policy": ("policy", PolicyConfig), "dataset": ("dataset", DatasetConfig), "env": ("env", EnvConfig)}
 
 
-def parse_value(text: str) -> Any:
+def parse_value(text: str, flag: str) -> Any:
     stripped = text.strip()
     if stripped[:1] in "[{":
         try:
-            return json.loads(stripped)
-        except json.JSONDecodeError:
+            return json_input.decode(stripped)
+        except json_input.UnusableJson as exc:
             # Python-style single quotes are a common slip in shells.
             try:
-                return json.loads(stripped.replace("'", '"'))
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"value {text!r} looks like JSON but does not parse: {exc.msg}") from exc
+                return json_input.decode(stripped.replace("'", '"'))
+            except json_input.UnusableJson:
+                fix = exc.fix or "write a JSON list or object, with double quotes around strings"
+                raise ConfigError(f"--{flag}: the value looks like JSON but is unusable: {exc}; {fix}") from exc
     if stripped.lower() in ("null", "none"):
         return None
     return text
@@ -60,7 +61,7 @@ def flags_to_dict(args: list[str]) -> dict[str, Any]:
             if not isinstance(child, dict):
                 raise ConfigError(f"flag --{key} conflicts with --{part} given as a value")
             node = child
-        node[parts[-1]] = parse_value(value)
+        node[parts[-1]] = parse_value(value, key)
         i += 1
     return tree
 
@@ -77,31 +78,11 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def read_config_file(path: str) -> dict[str, Any]:
     """The JSON object in ``path``; any way it cannot be one is a one-line ``ConfigError``."""
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"--config_path={path}: no such file; give the path of a train_config.json")
     try:
-        text = file.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise ConfigError(f"--config_path={path}: cannot be read ({exc.strerror}); check its permissions") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"--config_path={path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
-            "save it as UTF-8 JSON, e.g. a train_config.json a run wrote"
-        ) from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"--config_path={path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
-            "fix the file or give a train_config.json a run wrote"
-        ) from exc
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"--config_path={path}: expected a JSON object at the top level, got a {type(data).__name__} "
-            "(a config file maps sections to fields: {\"policy\": {...}, \"steps\": 1000})"
-        )
-    return data
+        return json_input.read_object(Path(path))
+    except json_input.UnusableJson as exc:
+        fix = exc.fix or "give a JSON config file, such as the train_config.json a run writes"
+        raise ConfigError(f"--config_path={path}: {exc}; {fix}") from exc
 
 
 def merge_sources(file: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
@@ -176,14 +157,20 @@ def _other_types_by_field(kind: str, selected: str) -> dict[str, list[str]]:
     return owners
 
 
-def _pretrained_policy_config(path: str) -> dict[str, Any]:
+def _pretrained_config_file(path: str) -> Path:
     from lerobot_kit.core.layout.paths import find_pretrained_dir
 
-    config_file = find_pretrained_dir(Path(path)) / "config.json"
+    return find_pretrained_dir(Path(path)) / "config.json"
+
+
+def _pretrained_policy_config(path: str) -> dict[str, Any]:
+    config_file = _pretrained_config_file(path)
     try:
-        return json.loads(config_file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"--policy.path={path}: cannot read {config_file}: {exc}") from exc
+        return json_input.read_object(config_file)
+    except json_input.UnusableJson as exc:
+        raise CheckpointError(
+            f"--policy.path={path}: {config_file}: {exc}; the checkpoint is damaged: give another --policy.path"
+        ) from exc
 
 
 def build_train_config(raw: dict[str, Any], typed_by_file: frozenset[str] = frozenset()) -> TrainConfig:
