@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pydantic import Field, SerializeAsAny, ValidationError
 
+from lerobot_kit.core.config.bounds import Seed
 from lerobot_kit.core.config.flags import flags_to_dict, resolve_section
 from lerobot_kit.core.config.schema import EnvConfig, EvalConfig, Section
 from lerobot_kit.core.config.validation_errors import flag_lines
@@ -31,7 +32,7 @@ class EvalRunConfig(Section):
     policy: EvalPolicyConfig = Field(default_factory=EvalPolicyConfig)
     env: SerializeAsAny[EnvConfig] = Field(default_factory=EnvConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
-    seed: int = Field(1000, description="Episode i starts from seed + i (the expert runs the same seeds).")
+    seed: Seed = Field(1000, description="Episode i starts from seed + i (the expert runs the same seeds).")
     output_dir: str | None = Field(
         None, description="Where eval_info.json, videos/ and rollouts.png go (default outputs/eval/<date>/<time>_<env>)."
     )
