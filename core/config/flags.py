@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from lerobot_kit.core.config import json_input
 from lerobot_kit.core.config.schema import DatasetConfig, EnvConfig, PolicyConfig, Section, TrainConfig
-from lerobot_kit.core.config.validation_errors import flag_lines, shown
+from lerobot_kit.core.config.validation_errors import file_line, flag_lines, shown
 from lerobot_kit.core.errors import CheckpointError, ConfigError, LerobotError
 
 CONFIG_PATH_FLAG = "config_path"
@@ -117,6 +117,8 @@ def resolve_section(raw: dict[str, Any], key: str, problems: list[str], typed_by
         problems.append(f"--{key}: expected a section, got {shown(value)}")
         return None
     value = dict(value)
+    given = frozenset(value)
+    pretrained = value.get("path") if key == "policy" and "type" not in value else None
     if key == "policy" and value.get("path") and "type" not in value:
         value = deep_merge(_pretrained_policy_config(value["path"]), value)
     if key == "dataset" and "type" not in value and value.get("repo_id"):
@@ -140,8 +142,25 @@ def resolve_section(raw: dict[str, Any], key: str, problems: list[str], typed_by
     try:
         return config_class.model_validate(value)
     except ValidationError as exc:
+        if pretrained:
+            _refuse_damaged_pretrained(exc, given, pretrained, type_name)
         problems.extend(flag_lines(exc, config_class, prefix=f"{key}."))
         return None
+
+
+def _refuse_damaged_pretrained(exc: ValidationError, given: frozenset[str], path: str, type_name: str) -> None:
+    """A ``CheckpointError`` when fields that no flag set, read from the ``config.json`` of
+    ``--policy.path``, are what the policy rejects: the checkpoint is damaged or of another
+    version, which no flag fixes. Problems with the fields the flags set stay flag errors."""
+    from_file = [
+        err for err in exc.errors()
+        if (err["loc"] and str(err["loc"][0]) not in given) or (not err["loc"] and given <= {"path"})
+    ]
+    if from_file:
+        raise CheckpointError(
+            f"--policy.path={path}: {_pretrained_config_file(path)}: not a valid {type_name!r} config: "
+            f"{file_line(from_file)}; the checkpoint is damaged or was written by another version"
+        ) from exc
 
 
 def _other_types_by_field(kind: str, selected: str) -> dict[str, list[str]]:
