@@ -89,7 +89,7 @@ def agree_on_spec(config: TrainConfig, ctx: DistContext) -> RunSpec:
     if isinstance(outcome, Exception):
         raise outcome
     assert isinstance(outcome, RunSpec)
-    if outcome.resume_note:
+    if outcome.resume_note and outcome.nothing_left is None:  # else that line says it all
         logger.info(outcome.resume_note)
     return outcome
 
@@ -106,12 +106,13 @@ class PreparedRun:
     dataset_len: int
 
 
-def prepare_run(config: TrainConfig, ctx: DistContext) -> PreparedRun:
-    """Everything before the loop; collective. Also the entry for tools that inspect a run."""
+def prepare_run(config: TrainConfig, ctx: DistContext, spec: RunSpec | None = None) -> PreparedRun:
+    """Everything before the loop; collective. Also the entry for tools that inspect a run
+    (they pass no ``spec``: it is agreed on here)."""
     from lerobot_kit.core.data.build import build_dataset
     from lerobot_kit.core.model.policy import make_policy_processors
 
-    spec = agree_on_spec(config, ctx)
+    spec = spec or agree_on_spec(config, ctx)
     dims = spec.dims
     dataset = build_dataset(config)
     preprocessor, postprocessor = make_policy_processors(config.policy, dataset.meta)
@@ -136,7 +137,11 @@ def prepare_run(config: TrainConfig, ctx: DistContext) -> PreparedRun:
 
 
 def _train(config: TrainConfig, ctx: DistContext) -> TrainResult:
-    prepared = prepare_run(config, ctx)
+    spec = agree_on_spec(config, ctx)
+    if spec.nothing_left is not None:  # every rank returns: the spec is the same on all
+        logger.warning(spec.nothing_left)
+        return TrainResult(steps_done=spec.resume_step)
+    prepared = prepare_run(config, ctx, spec)
     run = prepared.run
     if ctx.is_main:
         if run.spec.discarded:

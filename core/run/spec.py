@@ -37,10 +37,16 @@ class RunSpec:
     peft_base: Path | None  # the absolute pretrained_model/ an adapter trains on, else None
     resume_note: str | None = None  # why the run resumes from where it does (or starts afresh on auto), for the log
     discarded: tuple[Path, ...] = ()  # later step folders that --resume_from replaces (removed before the first step)
+    nothing_left: str | None = None  # the warning when the checkpoint resumed is at or past --steps: nothing to do
 
     @property
     def resuming(self) -> bool:
         return self.resume_from is not None
+
+    @property
+    def resume_step(self) -> int:
+        """The step the run continues from (0 when it starts afresh)."""
+        return 0 if self.resume_from is None else _step_number(self.resume_from)
 
     @property
     def use_peft(self) -> bool:
@@ -79,12 +85,30 @@ def resolve_run(config: TrainConfig, world_size: int, restarts: Restarts = Resta
     output_dir, resume_from, note = _output_and_resume(config, restarts)
     check_writable(output_dir)
     discarded: tuple[Path, ...] = ()
+    nothing_left = None
     if resume_from is not None:
         resumable_record(resume_from, RESUME_ADVICE)
         check_resume_changes(config, resume_from, output_dir, peft_base)
-        if restarts.count == 0 and config.resume_from is not None:
+        nothing_left = _nothing_left(config, resume_from)
+        if restarts.count == 0 and config.resume_from is not None and nothing_left is None:
             discarded = later_steps(output_dir, _step_number(resume_from))
-    return RunSpec(config, dims, output_dir, resume_from, peft_base, note, discarded)
+    return RunSpec(config, dims, output_dir, resume_from, peft_base, note, discarded, nothing_left)
+
+
+def _nothing_left(config: TrainConfig, resume_from: Path) -> str | None:
+    """The one line a resume prints instead of training when its checkpoint is at or past ``--steps``.
+
+    Not an error: a scheduler that reruns a finished job (``--resume=auto``, a requeue, a
+    launcher's restart after the last save) must see it succeed, or it reruns it forever.
+    """
+    step = _step_number(resume_from)
+    if step < config.steps:
+        return None
+    return (
+        f"warning: nothing left to train: {resume_from} is step {step} and --steps={config.steps}, so no step was "
+        f"run and nothing was written; to train on from it, pass --steps greater than {step} (the total number of "
+        "steps, not the steps to add)"
+    )
 
 
 def _check_save_schedule(config: TrainConfig) -> None:
