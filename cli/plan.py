@@ -284,9 +284,11 @@ def run_plan(args: list[str]) -> None:
                 f"lerobot plan needs --{WORLD_SIZE_FLAG}=N, the number of processes the run would launch"
             )
         from lerobot_kit.core.config.flags import parse_train_config
+
+        config = parse_train_config(flags.train_args)  # before torch is imported: bad flags answer at once
         from lerobot_kit.core.plan.memory_plan import plan_run
 
-        plan = plan_run(parse_train_config(flags.train_args), flags.world_size, flags.device_memory_gb)
+        plan = plan_run(config, flags.world_size, flags.device_memory_gb)
         if flags.as_json:
             click.echo(json.dumps(plan.to_json(), indent=2))
         else:
