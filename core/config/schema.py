@@ -188,14 +188,23 @@ class EnvConfig(Section):
     type: str = Field("reach", description="Evaluation environment type, from the plugin registry (`lerobot plugins`).")
 
 
+MAX_EPISODES = 1_000_000
+
+
 class EvalConfig(Section):
     """Closed-loop evaluation. Episodes run in batches of ``batch_size`` (one vectorised
     environment each); a batch is the unit dealt to ranks, so results depend on
     ``(checkpoint, seed, n_episodes, batch_size)`` and not on the number of processes."""
 
-    n_episodes: int = Field(50, ge=1, description="Episodes per evaluation; episode i starts from seed --seed + i (in training too).")
+    # The episodes' batches and results are held in memory as lists: a million is past any evaluation.
+    n_episodes: int = Field(
+        50, ge=1, le=MAX_EPISODES,
+        description="Episodes per evaluation; episode i starts from seed --seed + i (in training too).",
+    )
     batch_size: int = Field(4, ge=1, description="Environments stepped together (and the unit of work of a rank).")
-    max_episodes_rendered: int = Field(4, ge=0, description="Record the first N episodes as mp4 videos (PyAV).")
+    max_episodes_rendered: int = Field(
+        4, ge=0, le=MAX_EPISODES, description="Record the first N episodes as mp4 videos (PyAV)."
+    )
 
 
 class PreemptionConfig(Section):

@@ -102,6 +102,8 @@ FLAGS = {
         "train", ['--dataset.image_transforms.tfs.hue.kwargs={"hue": ' + HUGE + "}"],
         f"--dataset.image_transforms.tfs.hue.kwargs: Value error, {HUGE} is beyond the range of a 64-bit integer"),
     "eval: negative seed": ("eval", ["--policy.path=x", "--seed=-1"], "--seed: Input should be greater than or"),
+    "eval: episodes held in memory": ("eval", ["--policy.path=x", "--eval.n_episodes=1000000000000"],
+                                      "--eval.n_episodes: Input should be less than or equal to 1000000"),
     "eval: batch past int64": ("eval", ["--policy.path=x", f"--eval.batch_size={HUGE}"], "--eval.batch_size: Value"),
     "plan: world past int32": ("plan", ["--world_size=" + HUGE], f"--world_size={HUGE}: expected a positive number"),
     "plan: a digit that is not ASCII": ("plan", ["--world_size=²"], "--world_size=²: expected a positive number"),
