@@ -145,10 +145,10 @@ def read_holder(path: Path) -> Holder | None:
 def why_stale(holder: Holder, me: Claimant) -> str | None:
     """Why ``holder``'s run is over, or None while it may still be running."""
     pid = holder.pid
-    if pid is not None and holder.field("host") == me.host and holder.field("pid_space") == me.pid_space:
-        # A pid equal to ours was a process before us: this one holds no lock yet.
-        if pid == me.pid or not _alive(pid):
-            return f"its process {pid} is gone"
+    same_pids = holder.field("host") == me.host and holder.field("pid_space") == me.pid_space
+    # A pid equal to ours was a process before us: this one holds no lock yet.
+    if pid is not None and same_pids and (pid == me.pid or not _alive(pid)):
+        return f"its process {pid} is gone"
     attempt = holder.field("torchrun_attempt")
     if (me.launch is not None and holder.field("torchrun_launch") == me.launch and isinstance(attempt, int)
             and attempt < me.attempt):
