@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from lerobot_kit.core.distributed.launcher import env_int
 from lerobot_kit.core.errors import LerobotError
 
 LOCK_FILE = ".lerobot-kit.lock"
@@ -70,8 +71,9 @@ class Claimant:
 
     @classmethod
     def current(cls, restarting: bool, env: Mapping[str, str] = os.environ) -> Claimant:
-        return cls(socket.gethostname(), _pid_space(), os.getpid(), _torchrun_launch(env),
-                   int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0), restarting)
+        launch = _torchrun_launch(env)
+        attempt = env_int(env, "TORCHELASTIC_RESTART_COUNT", 0) if launch is not None else 0
+        return cls(socket.gethostname(), _pid_space(), os.getpid(), launch, attempt, restarting)
 
     def record(self) -> bytes:
         started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -95,7 +97,8 @@ def _torchrun_launch(env: Mapping[str, str]) -> str | None:
 
 
 def _pid_space() -> str:
-    """This boot's id and this process's pid namespace (Linux); empty elsewhere."""
+    """This boot's id and this process's pid namespace (Linux); empty elsewhere, where
+    holders are judged by their heartbeat alone."""
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
@@ -135,7 +138,7 @@ def read_holder(path: Path) -> Holder | None:
         return None
     try:
         record = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # being written, damaged, or not JSON at all
         record = None
     if not isinstance(record, dict) or not isinstance(record.get("host"), str):
         record = None
@@ -145,7 +148,7 @@ def read_holder(path: Path) -> Holder | None:
 def why_stale(holder: Holder, me: Claimant) -> str | None:
     """Why ``holder``'s run is over, or None while it may still be running."""
     pid = holder.pid
-    same_pids = holder.field("host") == me.host and holder.field("pid_space") == me.pid_space
+    same_pids = bool(me.pid_space) and holder.field("host") == me.host and holder.field("pid_space") == me.pid_space
     # A pid equal to ours was a process before us: this one holds no lock yet.
     if pid is not None and same_pids and (pid == me.pid or not _alive(pid)):
         return f"its process {pid} is gone"
