@@ -47,8 +47,10 @@ LOCK_FILE = ".lerobot-kit.lock"
 TAKEOVER_SUFFIX = ".takeover"
 HEARTBEAT_S = 15.0
 STALE_AFTER_S = 120.0
-# A takeover marker older than this was left by a process killed while taking over (it takes milliseconds).
-ABANDONED_TAKEOVER_S = 10.0
+# A takeover takes milliseconds: a marker this old was left by a process killed in one.
+ABANDONED_TAKEOVER_S = STALE_AFTER_S
+# A lock file is written right after it is created: one this young and unreadable is being written.
+BEING_WRITTEN_S = 5.0
 POLL_S = 1.0
 
 logger = logging.getLogger("lerobot_kit")
@@ -217,6 +219,9 @@ class OutputLock:
         while not _create(path, raw):
             holder = read_holder(path)
             if holder is None:  # released between our attempt and our look
+                continue
+            if holder.record is None and holder.age_s < BEING_WRITTEN_S:  # look again once it is written
+                time.sleep(0.05)
                 continue
             stale = why_stale(holder, self._me)
             if stale is not None:
