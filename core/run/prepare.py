@@ -25,7 +25,7 @@ from lerobot_kit.core.distributed.process_group import (
     init_distributed,
     shutdown,
 )
-from lerobot_kit.core.errors import CheckpointError, ConfigError
+from lerobot_kit.core.errors import LerobotError
 from lerobot_kit.core.layout.training_step import TrainingStep
 from lerobot_kit.core.parallel.parallelized import Parallelized
 from lerobot_kit.core.parallel.pipeline import parallelize
@@ -36,6 +36,7 @@ from lerobot_kit.core.run.components import RunComponents
 from lerobot_kit.core.run.evaluation import evaluation_hooks
 from lerobot_kit.core.run.nonfinite import NonFiniteError
 from lerobot_kit.core.run.optim import build_optimizer, build_scheduler
+from lerobot_kit.core.run.output_lock import Claimant, OutputLock
 from lerobot_kit.core.run.preemption import run_stopped
 from lerobot_kit.core.run.publish import publish_final
 from lerobot_kit.core.run.resume_optim import apply_optimizer_config
@@ -60,10 +61,21 @@ def train(config: TrainConfig) -> TrainResult:
     check_accelerate_env(os.environ)
     ctx = init_distributed(config.parallelism.timeout_s)
     setup_logging(ctx.is_main)
+    # The main process locks the output folder as soon as the spec has chosen it and holds it
+    # until the run has ended, however it ends (kill -9 aside: a later run takes a dead run's
+    # lock over); the other ranks are part of its run and never touch it.
+    lock = OutputLock(Claimant.current(restarting=ctx.restart_count >= 1))
+    try:
+        return _train_and_publish(config, ctx, lock)
+    finally:
+        lock.release()
+
+
+def _train_and_publish(config: TrainConfig, ctx: DistContext, lock: OutputLock) -> TrainResult:
     # No ``finally``: on an error a peer may be dead, and shutdown's barrier would wait for
     # it until the collective timeout; exiting non-zero tears the group down instead.
     try:
-        result = _train(config, ctx)
+        result = _train(config, ctx, lock)
     except NonFiniteError:
         shutdown(ctx)  # every rank stopped at the same step: the group closes cleanly
         raise
@@ -77,13 +89,18 @@ def train(config: TrainConfig) -> TrainResult:
     return result
 
 
-def agree_on_spec(config: TrainConfig, ctx: DistContext) -> RunSpec:
-    """The main process resolves the spec (one clock, one look at the disk); the others follow."""
+def agree_on_spec(config: TrainConfig, ctx: DistContext, lock: OutputLock | None = None) -> RunSpec:
+    """The main process resolves the spec (one clock, one look at the disk); the others follow.
+
+    With ``lock``, the main process takes the output folder's lock before it reads the
+    folder; its failure, like any refusal, reaches every rank.
+    """
     outcome: object = None
     if ctx.is_main:
         try:
-            outcome = resolve_run(config, ctx.world_size, Restarts(ctx.restart_count, ctx.max_restarts))
-        except (ConfigError, CheckpointError) as exc:
+            outcome = resolve_run(config, ctx.world_size, Restarts(ctx.restart_count, ctx.max_restarts),
+                                  claim_folder=None if lock is None else lock.acquire)
+        except (LerobotError, OSError) as exc:
             outcome = exc
     outcome = broadcast_object(ctx, outcome)
     if isinstance(outcome, Exception):
@@ -106,12 +123,13 @@ class PreparedRun:
     dataset_len: int
 
 
-def prepare_run(config: TrainConfig, ctx: DistContext) -> PreparedRun:
-    """Everything before the loop; collective. Also the entry for tools that inspect a run."""
+def prepare_run(config: TrainConfig, ctx: DistContext, lock: OutputLock | None = None) -> PreparedRun:
+    """Everything before the loop; collective. Also the entry for tools that inspect a run,
+    which pass no ``lock``: they write nothing to the output folder."""
     from lerobot_kit.core.data.build import build_dataset
     from lerobot_kit.core.model.policy import make_policy_processors
 
-    spec = agree_on_spec(config, ctx)
+    spec = agree_on_spec(config, ctx, lock)
     dims = spec.dims
     dataset = build_dataset(config)
     preprocessor, postprocessor = make_policy_processors(config.policy, dataset.meta)
@@ -135,8 +153,8 @@ def prepare_run(config: TrainConfig, ctx: DistContext) -> PreparedRun:
     return PreparedRun(run, loader, loader.sampler, start_step, position, len(dataset))
 
 
-def _train(config: TrainConfig, ctx: DistContext) -> TrainResult:
-    prepared = prepare_run(config, ctx)
+def _train(config: TrainConfig, ctx: DistContext, lock: OutputLock) -> TrainResult:
+    prepared = prepare_run(config, ctx, lock)
     run = prepared.run
     if ctx.is_main:
         if run.spec.discarded:
