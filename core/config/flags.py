@@ -235,7 +235,3 @@ def parse_train_config(args: list[str]) -> TrainConfig:
         and not (isinstance(flags.get(key), dict) and "type" in flags[key])
     )
     return build_train_config(merge_sources(raw, flags), typed_by_file)
-
-
-def load_train_config_file(path: str | Path) -> TrainConfig:
-    return build_train_config(read_config_file(str(path)))

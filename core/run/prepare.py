@@ -25,7 +25,7 @@ from lerobot_kit.core.distributed.process_group import (
     init_distributed,
     shutdown,
 )
-from lerobot_kit.core.errors import CheckpointError, ConfigError
+from lerobot_kit.core.errors import LerobotError
 from lerobot_kit.core.layout.training_step import TrainingStep
 from lerobot_kit.core.parallel.parallelized import Parallelized
 from lerobot_kit.core.parallel.pipeline import parallelize
@@ -36,6 +36,7 @@ from lerobot_kit.core.run.components import RunComponents
 from lerobot_kit.core.run.evaluation import evaluation_hooks
 from lerobot_kit.core.run.nonfinite import NonFiniteError
 from lerobot_kit.core.run.optim import build_optimizer, build_scheduler
+from lerobot_kit.core.run.output_lock import Claimant, OutputLock
 from lerobot_kit.core.run.preemption import run_stopped
 from lerobot_kit.core.run.publish import publish_final
 from lerobot_kit.core.run.resume_optim import apply_optimizer_config
@@ -60,10 +61,21 @@ def train(config: TrainConfig) -> TrainResult:
     check_accelerate_env(os.environ)
     ctx = init_distributed(config.parallelism.timeout_s)
     setup_logging(ctx.is_main)
+    # The main process locks the output folder as soon as the spec has chosen it and holds it
+    # until the run has ended, however it ends (kill -9 aside: a later run takes a dead run's
+    # lock over); the other ranks are part of its run and never touch it.
+    lock = OutputLock(Claimant.current(restarting=ctx.restart_count >= 1))
+    try:
+        return _train_and_publish(config, ctx, lock)
+    finally:
+        lock.release()
+
+
+def _train_and_publish(config: TrainConfig, ctx: DistContext, lock: OutputLock) -> TrainResult:
     # No ``finally``: on an error a peer may be dead, and shutdown's barrier would wait for
     # it until the collective timeout; exiting non-zero tears the group down instead.
     try:
-        result = _train(config, ctx)
+        result = _train(config, ctx, lock)
     except NonFiniteError:
         shutdown(ctx)  # every rank stopped at the same step: the group closes cleanly
         raise
@@ -77,13 +89,18 @@ def train(config: TrainConfig) -> TrainResult:
     return result
 
 
-def agree_on_spec(config: TrainConfig, ctx: DistContext) -> RunSpec:
-    """The main process resolves the spec (one clock, one look at the disk); the others follow."""
+def agree_on_spec(config: TrainConfig, ctx: DistContext, lock: OutputLock | None = None) -> RunSpec:
+    """The main process resolves the spec (one clock, one look at the disk); the others follow.
+
+    With ``lock``, the main process takes the output folder's lock before it reads the
+    folder; its failure, like any refusal, reaches every rank.
+    """
     outcome: object = None
     if ctx.is_main:
         try:
-            outcome = resolve_run(config, ctx.world_size, Restarts(ctx.restart_count, ctx.max_restarts))
-        except (ConfigError, CheckpointError) as exc:
+            outcome = resolve_run(config, ctx.world_size, Restarts(ctx.restart_count, ctx.max_restarts),
+                                  claim_folder=None if lock is None else lock.acquire)
+        except (LerobotError, OSError) as exc:
             outcome = exc
     outcome = broadcast_object(ctx, outcome)
     if isinstance(outcome, Exception):
@@ -107,8 +124,9 @@ class PreparedRun:
 
 
 def prepare_run(config: TrainConfig, ctx: DistContext, spec: RunSpec | None = None) -> PreparedRun:
-    """Everything before the loop; collective. Also the entry for tools that inspect a run
-    (they pass no ``spec``: it is agreed on here)."""
+    """Everything before the loop; collective. Also the entry for tools that inspect a run:
+    they pass no ``spec``, which is then agreed on here without the output folder's lock
+    (they write nothing to the folder)."""
     from lerobot_kit.core.data.build import build_dataset
     from lerobot_kit.core.model.policy import make_policy_processors
 
@@ -136,8 +154,8 @@ def prepare_run(config: TrainConfig, ctx: DistContext, spec: RunSpec | None = No
     return PreparedRun(run, loader, loader.sampler, start_step, position, len(dataset))
 
 
-def _train(config: TrainConfig, ctx: DistContext) -> TrainResult:
-    spec = agree_on_spec(config, ctx)
+def _train(config: TrainConfig, ctx: DistContext, lock: OutputLock) -> TrainResult:
+    spec = agree_on_spec(config, ctx, lock)
     if spec.nothing_left is not None:  # every rank returns: the spec is the same on all
         logger.warning(spec.nothing_left)
         return TrainResult(steps_done=spec.resume_step)
