@@ -66,17 +66,19 @@ def read(path: Path) -> Any:
     except OSError as exc:
         raise UnusableJson(f"cannot be read ({exc.strerror})") from exc
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            kind = next((name for test, name in _KINDS if test(status.st_mode)), "not a regular file")
             raise UnusableJson(f"is {kind}, not a file")
-        raw = _read_at_most(fd, MAX_BYTES + 1)
+        if status.st_size > MAX_BYTES:
+            raise UnusableJson(_too_large())
+        raw = _read_at_most(fd, MAX_BYTES + 1)  # bounded too: /proc files report size 0
     except OSError as exc:
         raise UnusableJson(f"cannot be read ({exc.strerror})") from exc
     finally:
         os.close(fd)
     if len(raw) > MAX_BYTES:
-        raise UnusableJson(f"is larger than {MAX_BYTES // 2**20} MiB, which no config is")
+        raise UnusableJson(_too_large())
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -145,6 +147,10 @@ def _check_depth(data: Any) -> None:
             raise UnusableJson(_too_deep())
         children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
         pending.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+
+
+def _too_large() -> str:
+    return f"is larger than {MAX_BYTES // 2**20} MiB, which no config is"
 
 
 def _too_deep() -> str:
