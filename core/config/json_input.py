@@ -1,13 +1,13 @@
 """JSON a user hands in as config (a ``--config_path`` file, a ``--a.b=[...]`` flag, a
 checkpoint's ``config.json``), decoded so that any way it is unusable is one phrase.
 
-Python's ``json`` module raises ``RecursionError`` on deep nesting, ``ValueError`` on an
-integer of more than 4300 digits, reads a character device such as ``/dev/zero`` until
-memory runs out, and accepts ``NaN``, ``Infinity`` and ``1e999`` (an infinity) although
-JSON has no such numbers. Here each of those is an ``UnusableJson`` whose message the
-caller prefixes with the file or flag it came from. No config nests deeper than a few
-levels or weighs more than a few kilobytes, so the limits below refuse only what cannot
-be a config.
+Python's ``json`` module raises ``RecursionError`` on deep nesting and ``ValueError`` on
+an integer of more than 4300 digits, and accepts ``NaN``, ``Infinity`` and ``1e999`` (an
+infinity) although JSON has no such numbers; a path may name a character device such as
+``/dev/zero``, which reads until memory runs out, or a named pipe, which blocks. Here
+each of those is an ``UnusableJson`` whose message the caller prefixes with the file or
+flag it came from. No config nests deeper than a few levels or weighs more than a few
+kilobytes, so the limits below refuse only what cannot be a config.
 """
 
 from __future__ import annotations
