@@ -28,7 +28,7 @@ from lerobot_kit.core.parallel.pipeline import parallelize
 from lerobot_kit.core.parallel.precision import build_grad_scaler
 from lerobot_kit.core.run.banner import format_banner
 from lerobot_kit.core.run.components import RunComponents
-from lerobot_kit.core.run.nonfinite import NonFiniteError
+from lerobot_kit.core.run.guards import EVERY_RANK_ERRORS, guarded_run
 from lerobot_kit.core.run.optim import build_optimizer, build_scheduler
 from lerobot_kit.core.run.publish import publish_final
 from lerobot_kit.core.run.resume_optim import apply_optimizer_config
@@ -50,6 +50,7 @@ def setup_logging(is_main: bool) -> None:
     logger.propagate = False
 
 
+@guarded_run
 def train(config: TrainConfig) -> TrainResult:
     check_accelerate_env(os.environ)
     ctx = init_distributed(config.parallelism.timeout_s)
@@ -58,7 +59,7 @@ def train(config: TrainConfig) -> TrainResult:
     # it until the collective timeout; exiting non-zero tears the group down instead.
     try:
         result = _train(config, ctx)
-    except NonFiniteError:
+    except EVERY_RANK_ERRORS:
         shutdown(ctx)  # every rank stopped at the same step: the group closes cleanly
         raise
     shutdown(ctx)
