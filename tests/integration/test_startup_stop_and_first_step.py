@@ -6,6 +6,9 @@
   the request waited for a step boundary that a hung first step never reached.
 - ``--parallelism.step_timeout_s`` times the first step too, with its allowance (ten times
   the limit, for warm-up and compilation); before, a hang there was never reported.
+- A DataLoader worker stuck in a read: the DataLoader's timeout ends the run with one line
+  and the stuck worker is killed; before, the training process then waited for it
+  forever at exit (workers ignore SIGTERM, so that a stopping run can save first).
 
 Real processes of the installed console script, real signals, each with a watchdog.
 """
@@ -47,7 +50,51 @@ def make(config, delta_indices):
 def lerobot_register_datasets(register: Callable) -> None:
     register("slowdata", SlowDataConfig, "slowdata:make")
 '''
+STUCK_WORKER_PLUGIN = '''
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+from lerobot_kit.api import DatasetConfig, hookimpl
+from lerobot_kit.core.data.dataset import PolicyDataset
+from lerobot_kit.plugins.datasets.reach.data import make_reach_dataset
+from lerobot_kit.plugins.datasets.reach.plugin import ReachDatasetConfig
+
+
+class StuckDataConfig(DatasetConfig):
+    type: str = "stuckdata"
+
+
+class StuckInWorkers(PolicyDataset):
+    """The reach task, read in DataLoader workers from storage that stopped answering."""
+
+    def __init__(self, inner):
+        self.inner, self.meta, self.training_process = inner, inner.meta, os.getpid()
+
+    def __len__(self):
+        return len(self.inner)
+
+    def episode_lengths(self):
+        return self.inner.episode_lengths()
+
+    def item(self, i, *, uint8_cameras=False):
+        if os.getpid() != self.training_process:
+            Path(os.environ["STUCK_WORKER_PID"]).write_text(str(os.getpid()))
+            time.sleep(3600)
+        return self.inner.item(i, uint8_cameras=uint8_cameras)
+
+
+def make(config, delta_indices):
+    return StuckInWorkers(make_reach_dataset(ReachDatasetConfig(num_episodes=2, episode_length=20), delta_indices))
+
+
+@hookimpl
+def lerobot_register_datasets(register: Callable) -> None:
+    register("stuckdata", StuckDataConfig, "stuckdata:make")
+'''
 STEP_TIMEOUT_S = 2
+DATA_TIMEOUT_S = 5
 
 
 def _as_in_a_terminal() -> None:
@@ -112,3 +159,27 @@ def test_the_step_watchdog_times_the_first_step_with_its_allowance(tmp_path: Pat
                      rf"\(10 x --parallelism.step_timeout_s={STEP_TIMEOUT_S}\); the stack of every thread of this "
                      "rank follows", output), output[-4000:]
     assert "fault_injection.py" in output  # the hung main thread's stack, down to where it hangs
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or one that has exited and waits to be reaped."""
+    status = Path(f"/proc/{pid}/status")
+    return not status.exists() or "\nState:\tZ" in status.read_text()
+
+
+def test_a_worker_stuck_in_a_read_ends_the_run_with_one_line_and_is_killed(tmp_path: Path) -> None:
+    site = make_distribution(tmp_path / "site", "stuckdata", STUCK_WORKER_PLUGIN)
+    worker_pid = tmp_path / "worker_pid"
+    env = {**launch_env(tmp_path), **env_with(site, STUCK_WORKER_PID=str(worker_pid))}
+    proc = subprocess.Popen([script("lerobot"), "train", "--dataset.type=stuckdata", *TINY_ACT, "--num_workers=1",
+                             "--batch_size=4", "--steps=3", f"--parallelism.timeout_s={DATA_TIMEOUT_S}",
+                             f"--output_dir={tmp_path / 'run'}"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    output = _finish(proc, 120)
+    assert proc.returncode == 1, output[-4000:]
+    assert output.splitlines()[-1] == (
+        f"error: no batch from the DataLoader workers in {DATA_TIMEOUT_S} s (--parallelism.timeout_s); a worker is "
+        "stuck reading the dataset"
+    ), output[-4000:]
+    assert "Traceback" not in output
+    assert _gone(int(worker_pid.read_text()))
