@@ -44,10 +44,9 @@ def guarded_run(train: Callable[[TrainConfig], Result]) -> Callable[[TrainConfig
 
     During start-up a stop signal ends the run at once with ``RunStopped`` (exit code 75,
     as a stop at a step boundary); ``RunGuards`` takes the same handlers over for the loop.
-    A run that ends on a stop or on an error every rank agreed on has closed its process
-    group, so only its exit is left: further signals are then ignored, so that every rank
-    exits with the run's code — torchrun signals the ranks still exiting as soon as one has
-    exited.
+    A run that ends on a stop or on an error every rank agreed on has only its exit left:
+    from there on signals are ignored (``RunGuards.finish``), so that every rank exits with
+    the run's code — torchrun signals the ranks still exiting as soon as one has exited.
     """
 
     @functools.wraps(train)
@@ -76,7 +75,9 @@ class RunGuards:
 
     def __init__(self, run: RunComponents) -> None:
         config, ctx = run.config, run.ctx
-        self.requests = installed_stop_signals() or StopSignals(config.preemption, ctx.rank)
+        installed = installed_stop_signals()
+        self._own_handlers = installed is None
+        self.requests = installed or StopSignals(config.preemption, ctx.rank)
         self.agreement = StopAgreement(self.requests, ctx.distributed)
         timeout = config.parallelism.step_timeout_s
         self.watchdog = StepWatchdog(timeout, ctx.rank) if timeout is not None else None
@@ -84,7 +85,7 @@ class RunGuards:
 
     def start(self) -> None:
         """Just before the first step: from here on a signal stops the run at a step boundary."""
-        if not self.requests.installed:
+        if self._own_handlers:
             self.requests.install()
         self.requests.loop_started()
         if self.watchdog is not None:
@@ -113,9 +114,16 @@ class RunGuards:
         for fault in self.faults:
             fault.step_finished(step)
 
-    def finish(self) -> None:
-        """After the loop and its last checkpoint: default signal handling again."""
+    def finish(self, agreed_error: bool = False) -> None:
+        """After the loop and its last checkpoint, or as an error of ``EVERY_RANK_ERRORS`` leaves
+        it (``agreed_error``). Under ``guarded_run``, a run that stopped on a signal or on such
+        an error has nothing left for a signal to stop — its ranks close their process group
+        and exit with the run's code — so signals are ignored from here; a run that went to
+        its end gets default signal handling back, as it does outside ``guarded_run``."""
         self.agreement.close()
         if self.watchdog is not None:
             self.watchdog.close()
-        self.requests.restore()
+        if not self._own_handlers and (agreed_error or self.stopped_by is not None):
+            self.requests.ignore()
+        else:
+            self.requests.restore()

@@ -92,10 +92,6 @@ class StopSignals:
     def rank(self) -> int:
         return self._rank if self._rank is not None else int(os.environ.get("RANK", "0"))
 
-    @property
-    def installed(self) -> bool:
-        return bool(self._previous)
-
     def install(self) -> None:
         global _installed
         for signum in self.signals:
@@ -115,13 +111,17 @@ class StopSignals:
             _installed = None
 
     def ignore(self) -> None:
-        """The run has ended and closed its process group; only the exit is left. A signal now
-        (torchrun signals the ranks still exiting once the first has exited) must not turn
-        the exit code the run ended with into a death by signal, as it would once Python's
-        exit has put the default handlers back: the signals are ignored until the exit."""
-        self.restore()
+        """The run has ended, on a stop or an error every rank agreed on; only closing its
+        process group and exiting are left. A signal now (torchrun signals the ranks still
+        exiting once the first has exited) must not turn the exit code the run ended with
+        into a death by signal, as it would under the default handlers, which Python's exit
+        puts back in place of its own: the signals are ignored until the exit."""
+        global _installed
         for signum in self.signals:
             signal.signal(signum, signal.SIG_IGN)
+        self._previous.clear()
+        if _installed is self:
+            _installed = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()

@@ -126,7 +126,7 @@ class Trainer:
             return self._fit()
         except EVERY_RANK_ERRORS:
             self.saver.finish()
-            self.guards.finish()
+            self.guards.finish(agreed_error=True)
             raise
 
     def _fit(self) -> TrainResult:
