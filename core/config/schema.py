@@ -86,7 +86,7 @@ class ParallelismConfig(Section):
     step_timeout_s: Seconds | None = Field(
         None, description="A rank stuck in one training step (data, forward, backward, optimizer) longer "
         "than this prints every thread's stack with its rank and step and exits 124, so the launcher restarts "
-        "the group; saves and the first step after a start are not counted. Unset: no limit.",
+        "the group; saves are not counted, the first step after a start (warm-up, compile) gets 10x. Unset: no limit.",
     )
 
 

@@ -34,7 +34,7 @@ from lerobot_kit.core.run.assemble import build_model
 from lerobot_kit.core.run.banner import format_banner
 from lerobot_kit.core.run.components import RunComponents
 from lerobot_kit.core.run.evaluation import evaluation_hooks
-from lerobot_kit.core.run.nonfinite import NonFiniteError
+from lerobot_kit.core.run.guards import EVERY_RANK_ERRORS, guarded_run
 from lerobot_kit.core.run.optim import build_optimizer, build_scheduler
 from lerobot_kit.core.run.output_lock import Claimant, OutputLock
 from lerobot_kit.core.run.preemption import run_stopped
@@ -57,6 +57,7 @@ def setup_logging(is_main: bool) -> None:
     logger.propagate = False
 
 
+@guarded_run
 def train(config: TrainConfig) -> TrainResult:
     check_accelerate_env(os.environ)
     ctx = init_distributed(config.parallelism.timeout_s)
@@ -76,7 +77,7 @@ def _train_and_publish(config: TrainConfig, ctx: DistContext, lock: OutputLock) 
     # it until the collective timeout; exiting non-zero tears the group down instead.
     try:
         result = _train(config, ctx, lock)
-    except NonFiniteError:
+    except EVERY_RANK_ERRORS:
         shutdown(ctx)  # every rank stopped at the same step: the group closes cleanly
         raise
     shutdown(ctx)
