@@ -57,14 +57,14 @@ class OutputFailures:
         """Whether this rank asks the others to stop (read by the stop agreement before each step)."""
         return self.first is not None
 
-    def raise_if_any(self, step: int) -> None:
+    def agreed_error(self, step: int) -> OutputWriteError | None:
         """Collective, after the loop: when any rank recorded a failure (before the ranks agreed to
-        stop, or during the last step), the first rank's line, raised on every rank."""
+        stop, or during the last step), the first rank's line, for every rank to raise."""
         described = [first for first in all_gather_objects(self.ctx, self.first) if first is not None]
         if not described:
-            return
+            return None
         what, fix = described[0]
         last = paths.last_checkpoint(self.output_dir)
         kept = f"{paths.CHECKPOINTS_DIR}/{paths.LAST_LINK} points to {last.name}" if last else "no checkpoint yet"
         fix = f"; {fix} (--resume=true)" if fix else "; then resume (--resume=true)"
-        raise OutputWriteError(f"{what}; the run stopped after step {step}; {kept}{fix}")
+        return OutputWriteError(f"{what}; the run stopped after step {step}; {kept}{fix}")

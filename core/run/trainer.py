@@ -18,27 +18,22 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from lerobot_kit.core.checkpoint.disk_space import DiskFullError
 from lerobot_kit.core.checkpoint.saver import CheckpointSaver, SaveSettings
-from lerobot_kit.core.checkpoint.write_failures import CheckpointWriteError
 from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
 from lerobot_kit.core.distributed.process_group import all_reduce_mean
 from lerobot_kit.core.model.peft import unwrapped_policy
 from lerobot_kit.core.model.policy import Policy
 from lerobot_kit.core.parallel.precision import autocast_dtype
 from lerobot_kit.core.run.components import RunComponents
-from lerobot_kit.core.run.guards import RunGuards
+from lerobot_kit.core.run.guards import LOOP_ERRORS, RunGuards
 from lerobot_kit.core.run.metrics_log import append_row, drop_rows_after
 from lerobot_kit.core.run.nonfinite import NonFiniteError, NonFiniteGuard, weights_finite
-from lerobot_kit.core.run.output_failures import OutputWriteError
 from lerobot_kit.core.run.progress import Progress
 from lerobot_kit.core.run.tracking import Tracker
 
 logger = logging.getLogger("lerobot_kit")
 
 METRICS_LOG = "the metrics log"
-# Raised on every rank at the same point of the run: the ranks can still close the group together.
-RAISED_ON_EVERY_RANK = (NonFiniteError, DiskFullError, CheckpointWriteError, OutputWriteError)
 
 
 @dataclass
@@ -138,9 +133,9 @@ class Trainer:
         ``OutputWriteError`` (``output_failures``)."""
         try:
             return self._fit()
-        except (NonFiniteError, DiskFullError, CheckpointWriteError):
+        except LOOP_ERRORS:
             self.saver.finish()
-            self.guards.finish()
+            self.guards.finish(agreed_error=True)
             raise
 
     def _fit(self) -> TrainResult:
@@ -211,8 +206,10 @@ class Trainer:
         if stopped is not None and config.save_checkpoint and self.step % config.save_freq:
             self._save()  # where every rank agreed to stop
         last = self.saver.finish()
-        self.guards.finish()
-        self.guards.raise_if_failed(self.step)
+        failed = self.guards.output_error(self.step)
+        self.guards.finish(agreed_error=failed is not None)
+        if failed is not None:
+            raise failed
         result.stopped_by = stopped.name if stopped is not None else None
         result.last_checkpoint = str(last) if last else None
         progress.clear()
