@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sys
 import traceback
@@ -24,6 +25,7 @@ from collections.abc import Iterator
 
 import click
 
+from lerobot_kit.core.distributed.started import started_a_process_group
 from lerobot_kit.core.errors import DEBUG_ENV, EXIT_INTERNAL, EXIT_PROBLEMS, LerobotError, first_line, os_error_line
 
 REPORT = (
@@ -56,6 +58,11 @@ def command_errors(*, as_json: bool = False) -> Iterator[None]:
 
     click's own exceptions (usage errors, ``--help``'s exit) and ``SystemExit`` pass
     through: click prints and exits for them.
+
+    A rank of a distributed run that ends in an error exits without the interpreter's
+    teardown: collecting a DDP model at exit frees gloo's process group, whose destructor
+    can wait forever for a thread that waits for the interpreter (seen after an error every
+    rank agreed on). The line is printed and the streams flushed first.
     """
     try:
         yield
@@ -70,4 +77,9 @@ def command_errors(*, as_json: bool = False) -> Iterator[None]:
         else:
             for line in lines:
                 click.echo(f"error: {line}", err=True)
+        if started_a_process_group():
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
         sys.exit(code)

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from lerobot_kit.core.distributed.launcher import LaunchEnv, Launcher
+from lerobot_kit.core.distributed.started import mark_started
 from lerobot_kit.core.registry.registry import get_registry
 
 T = TypeVar("T")
@@ -84,6 +85,7 @@ def init_distributed(timeout_s: int) -> DistContext:
     backend = "nccl" if use_cuda else "gloo"
     _export(launch)
     timeout = timedelta(seconds=timeout_s)
+    mark_started()
     dist.init_process_group(
         backend=backend,
         store=_attempt_store(launch, timeout),
