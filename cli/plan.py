@@ -20,8 +20,8 @@ from lerobot_kit.cli.errors import user_errors
 from lerobot_kit.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from lerobot_kit.core.parallel.activation_plan import ActivationPlan
-    from lerobot_kit.core.parallel.memory_plan import RankBytes, RunPlan, ShardingPlan
+    from lerobot_kit.core.plan.activation_plan import ActivationPlan
+    from lerobot_kit.core.plan.memory_plan import RankBytes, RunPlan, ShardingPlan
 
 USAGE = """\
 Usage: lerobot plan --world_size=N [--plan.device_memory_gb=G] [--json] [TRAIN FLAGS...]
@@ -185,7 +185,7 @@ def _batch_text(acts: ActivationPlan) -> str:
 
 def _activation_lines(acts: ActivationPlan, device_bytes: int, gib: float | None) -> list[str]:
     """The traced peak at --batch_size with and without checkpointing, and the batch fit."""
-    from lerobot_kit.core.parallel.activation_plan import COUNTED
+    from lerobot_kit.core.plan.activation_plan import COUNTED
 
     lines = [f"activations per rank at --batch_size={acts.batch_size}, one forward and backward on a batch like "
              f"the dataset's: {_batch_text(acts)}"]
@@ -265,7 +265,7 @@ def run_plan(args: list[str]) -> None:
                 f"lerobot plan needs --{WORLD_SIZE_FLAG}=N, the number of processes the run would launch"
             )
         from lerobot_kit.core.config.flags import parse_train_config
-        from lerobot_kit.core.parallel.memory_plan import plan_run
+        from lerobot_kit.core.plan.memory_plan import plan_run
 
         plan = plan_run(parse_train_config(flags.train_args), flags.world_size, flags.device_memory_gb)
         if flags.as_json:

@@ -1,1 +1,1 @@
-"""Parallelism: degrees and mesh, the parallelize pipeline, precision, the memory plan."""
+"""Parallelism: degrees and mesh, wrap units, the parallelize pipeline (FSDP2, DDP, activation checkpointing, compile), precision."""

@@ -38,7 +38,7 @@ from lerobot_kit.core.config.flags import parse_train_config  # noqa: E402
 from lerobot_kit.core.data.build import build_dataset  # noqa: E402
 from lerobot_kit.core.model.build import build_model  # noqa: E402
 from lerobot_kit.core.model.processor import make_processors  # noqa: E402
-from lerobot_kit.core.parallel.memory_plan import plan_run  # noqa: E402
+from lerobot_kit.core.plan.memory_plan import plan_run  # noqa: E402
 from lerobot_kit.core.parallel.precision import autocast_dtype  # noqa: E402
 from lerobot_kit.core.parallel.pipeline import parallelize  # noqa: E402
 from lerobot_kit.core.run.spec import resolve_run  # noqa: E402

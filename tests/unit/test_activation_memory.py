@@ -18,15 +18,15 @@ from torch.utils.data import DataLoader
 from lerobot_dataset_factory import write_lerobot_dataset
 from lerobot_kit.core.config.flags import parse_train_config
 from lerobot_kit.core.data.build import build_dataset
-from lerobot_kit.core.parallel.activation_memory import (
+from lerobot_kit.core.plan.activation_memory import (
     FSDPCompute,
     StepTracer,
     TrainStep,
     UntraceableStep,
     item_shapes,
 )
-from lerobot_kit.core.parallel.batch_fit import largest_batch
-from lerobot_kit.core.parallel.live_bytes import StorageTimeline
+from lerobot_kit.core.plan.batch_fit import largest_batch
+from lerobot_kit.core.plan.live_bytes import StorageTimeline
 
 KIB = 1024
 

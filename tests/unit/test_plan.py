@@ -20,7 +20,7 @@ from lerobot_kit.core.config.flags import parse_train_config
 from lerobot_kit.core.config.schema import AcceleratorConfig
 from lerobot_kit.core.errors import ConfigError
 from lerobot_kit.core.parallel.dims import ParallelDims
-from lerobot_kit.core.parallel.memory_plan import plan_model, plan_run, shard_numel
+from lerobot_kit.core.plan.memory_plan import plan_model, plan_run, shard_numel
 from lerobot_kit.core.parallel.wrap_units import resolve_wrap_units
 from lerobot_kit.plugins.policies.act.modeling import ACTPolicy
 

@@ -39,7 +39,7 @@ from lerobot_kit.core.data.dataset import DatasetMeta, pad_key
 from lerobot_kit.core.data.windows import expand_delta_indices
 from lerobot_kit.core.errors import ConfigError
 from lerobot_kit.core.parallel.activation_checkpointing import apply_activation_checkpointing
-from lerobot_kit.core.parallel.live_bytes import StorageTimeline
+from lerobot_kit.core.plan.live_bytes import StorageTimeline
 
 ItemShapes = dict[str, tuple[tuple[int, ...], torch.dtype]]
 

@@ -32,7 +32,7 @@ from lerobot_kit.core.parallel.dims import ParallelDims
 from lerobot_kit.core.parallel.wrap_units import WrapUnits
 
 if TYPE_CHECKING:
-    from lerobot_kit.core.parallel.activation_plan import ActivationPlan
+    from lerobot_kit.core.plan.activation_plan import ActivationPlan
 
 # torch.optim.AdamW (not fused, not capturable) keeps ``step`` as a float32 0-dim tensor per parameter.
 _STEP_BYTES = torch.tensor(0.0, dtype=torch.float32).element_size()
@@ -198,7 +198,7 @@ def plan_run(config: TrainConfig, world_size: int, device_memory_gb: float | Non
     from lerobot_kit.core.data.build import build_dataset
     from lerobot_kit.core.model.build import build_model
     from lerobot_kit.core.model.processor import make_processors
-    from lerobot_kit.core.parallel.activation_plan import plan_activations
+    from lerobot_kit.core.plan.activation_plan import plan_activations
     from lerobot_kit.core.run.spec import resolve_run
 
     spec = resolve_run(config, world_size)

@@ -18,7 +18,7 @@ from lerobot_kit.core.data.dataset import DatasetMeta
 from lerobot_kit.core.errors import ConfigError
 from lerobot_kit.core.model.build import BuiltModel, declared_wrap_modules
 from lerobot_kit.core.model.processor import PolicyProcessor
-from lerobot_kit.core.parallel.activation_memory import (
+from lerobot_kit.core.plan.activation_memory import (
     FSDPCompute,
     ItemShapes,
     StepTracer,
@@ -26,7 +26,7 @@ from lerobot_kit.core.parallel.activation_memory import (
     UntraceableStep,
     item_shapes,
 )
-from lerobot_kit.core.parallel.batch_fit import BatchFit, largest_batch
+from lerobot_kit.core.plan.batch_fit import BatchFit, largest_batch
 from lerobot_kit.core.parallel.precision import autocast_dtype, build_mp_policy
 from lerobot_kit.core.parallel.wrap_units import outermost, resolve_wrap_units
 from lerobot_kit.core.run.spec import RunSpec

@@ -1,0 +1,1 @@
+"""Planning a run before it runs: per-rank memory of parameters, gradients, optimizer state and traced activations, and the largest batch that fits."""
