@@ -1,7 +1,9 @@
 """FSDP2 (``fully_shard``) for the sharded layouts, FSDP and HSDP, and the initial-weights broadcast.
 
 Each wrap unit is sharded bottom-up, then the root, so one unit's parameters are gathered
-at a time. Ignored modules stay whole on every rank and out of FSDP's reductions;
+at a time. A unit group (``wrap_units.UnitGroup``) is one ``fully_shard`` over its list of
+modules, and the method that runs it is registered as an FSDP forward method, so the
+whole group is gathered when the method is called. Ignored modules stay whole on every rank and out of FSDP's reductions;
 ``Parallelized.finish_grad_sync`` averages their gradients instead, so they never drift.
 
 Meta-device construction (no rank ever holds the whole model): build the model under
@@ -24,7 +26,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+    register_fsdp_forward_method,
+)
 
 from lerobot_kit.core.config.schema import AcceleratorConfig
 from lerobot_kit.core.parallel.dims import ParallelDims
@@ -53,6 +61,11 @@ def apply_fsdp(
     )
     for path in reversed(wrap.paths):  # reversed model order: every unit before the units around it
         fully_shard(model.get_submodule(path), **options)
+    for group in wrap.groups:  # disjoint from the units above (resolve_wrap_units checks)
+        modules = [model.get_submodule(path) for path in group.paths]
+        fully_shard(modules if len(modules) > 1 else modules[0], **options)
+        if group.method is not None:
+            register_fsdp_forward_method(modules[0], group.method)
     fully_shard(model, **options)
     if not has_meta(model):
         for path in wrap.ignored_modules:  # FSDP moves only what it manages

@@ -20,7 +20,7 @@ STABLE = {
     "write_shards", "load_any_weights", "read_safetensors", "is_peft_model", "MODEL_WEIGHTS", "ADAPTER_WEIGHTS",
     "DCP_MODEL_DIR", "ModelWeights", "model_weights", "gathered_state", "write_weights_file", "load_state",
     "Launcher", "LaunchEnv", "env_int", "LerobotError", "ConfigError", "CheckpointError",
-    "PluginError", "EnvConfig", "VectorEnv", "WeightShapes",
+    "PluginError", "EnvConfig", "VectorEnv", "WeightShapes", "UnitGroup",
 }
 
 LAZY = {"Policy", "PolicyProcessor", "CheckpointFormat", "write_gathered", "write_shards", "load_any_weights", "read_safetensors",
