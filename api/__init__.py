@@ -46,7 +46,6 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lerobot_kit.core.checkpoint.paths import ADAPTER_WEIGHTS, DCP_MODEL_DIR, MODEL_WEIGHTS
 from lerobot_kit.core.config.flags import parse_train_config
 from lerobot_kit.core.config.schema import DatasetConfig, EnvConfig, PolicyConfig, TrainConfig
 from lerobot_kit.core.data.build import build_dataset
@@ -61,9 +60,10 @@ from lerobot_kit.core.data.dataset import (
     compute_stats,
     pad_key,
 )
-from lerobot_kit.core.distributed.launcher import Launcher, LaunchEnv, env_int
+from lerobot_kit.core.distributed.launcher import LaunchEnv, Launcher, env_int
 from lerobot_kit.core.errors import CheckpointError, ConfigError, LerobotError, PluginError
 from lerobot_kit.core.eval.env import VectorEnv
+from lerobot_kit.core.layout.paths import ADAPTER_WEIGHTS, DCP_MODEL_DIR, MODEL_WEIGHTS
 from lerobot_kit.core.offline.weight_shapes import WeightShapes
 from lerobot_kit.core.registry.hookspecs import hookimpl
 
@@ -167,7 +167,7 @@ def load_pretrained(path: str | Path) -> tuple[Policy, PolicyProcessor, PolicyPr
     """``(policy, preprocessor, postprocessor)`` from a ``pretrained_model/`` folder or its step
     folder; a PEFT folder gives its base policy with the adapter merged in. The processors
     map raw observations to the policy's normalised inputs and its actions back."""
-    from lerobot_kit.core.model.policy import load_pretrained as load
+    from lerobot_kit.core.checkpoint.pretrained import load_pretrained as load
 
     return load(Path(path))
 

@@ -76,16 +76,17 @@ def _retarget(run: Any, output_dir: Path, **config_changes: Any) -> None:
     frozen, as in training; the benchmark swaps it for a changed copy)."""
     config = run.config.model_copy(update=config_changes)
     run.spec = dataclasses.replace(run.spec, output_dir=output_dir, config=config)
+    run.__dict__.pop("checkpoint_state", None)  # cached: rebuilt from the new spec on next use
 
 
 def _worker(outdir: Path, spec: dict[str, Any]) -> None:
     import torch.distributed as dist
 
-    from lerobot_kit.core.checkpoint import atomic, manifest, paths
     from lerobot_kit.core.checkpoint.save_restore import checkpoint_format, restore_checkpoint, save_checkpoint
-    from lerobot_kit.core.checkpoint.saver import CheckpointSaver
-    from lerobot_kit.core.distributed.process_group import init_distributed, shutdown
+    from lerobot_kit.core.checkpoint.saver import CheckpointSaver, SaveSettings
     from lerobot_kit.core.config.flags import parse_train_config
+    from lerobot_kit.core.distributed.process_group import init_distributed, shutdown
+    from lerobot_kit.core.layout import atomic, manifest, paths
     from lerobot_kit.core.run.prepare import prepare_run
 
     ctx = init_distributed(timeout_s=600)
@@ -116,7 +117,7 @@ def _worker(outdir: Path, spec: dict[str, Any]) -> None:
             step += 1
             _retarget(run, outdir / fmt, checkpoint_format=fmt)
             previous = paths.last_checkpoint(run.output_dir)
-            saves[fmt].append(timed(lambda: save_checkpoint(run, step, prepared.position)))
+            saves[fmt].append(timed(lambda: save_checkpoint(run.checkpoint_state, step, prepared.position)))
             if ctx.is_main:
                 if previous is not None:
                     shutil.rmtree(previous)  # keep the disk to one checkpoint per format
@@ -146,11 +147,13 @@ def _worker(outdir: Path, spec: dict[str, Any]) -> None:
     published: dict[str, list[float]] = {f: [] for f in formats}
     if spec["background"]:
         _retarget(run, run.output_dir, async_checkpoint=True)
-        saver = CheckpointSaver(run)
+        saver = CheckpointSaver(run.checkpoint_state, SaveSettings(True, run.config.keep_last_checkpoints,
+                                                                  run.config.parallelism.timeout_s))
         for rep in range(spec["reps"]):
             for fmt in _rotated(formats, rep):
                 step += 1
                 _retarget(run, outdir / f"async_{fmt}", checkpoint_format=fmt)
+                saver.state = run.checkpoint_state
                 previous = paths.last_checkpoint(run.output_dir)
                 blocked[fmt].append(timed(lambda: saver.save(step, prepared.position)))
                 published[fmt].append(blocked[fmt][-1] + timed(saver.wait))
@@ -164,7 +167,7 @@ def _worker(outdir: Path, spec: dict[str, Any]) -> None:
         for rep in range(spec["reps"]):
             for fmt in _rotated(formats, rep):
                 step_dir = paths.last_checkpoint(outdir / fmt)
-                restores[fmt].append(timed(lambda: restore_checkpoint(run, step_dir)))
+                restores[fmt].append(timed(lambda: restore_checkpoint(run.checkpoint_state, step_dir)))
                 if ctx.is_main and manifest.has_manifest(step_dir):
                     start = time.perf_counter()
                     problems = manifest.verify_manifest(step_dir)

@@ -45,7 +45,7 @@ _SUMMARY = re.compile(r"converted (\d+) tensors, .* in ([0-9.]+)s")
 
 
 def _tensor_bytes(shards: Path) -> list[int]:
-    from lerobot_kit.core.offline.dcp_metadata import read_dcp_metadata, tensor_entries
+    from lerobot_kit.core.layout.dcp_metadata import read_dcp_metadata, tensor_entries
 
     entries = tensor_entries(read_dcp_metadata(shards)).values()
     return [math.prod(e.size) * e.properties.dtype.itemsize for e in entries]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import click
 
-from lerobot_kit.core.offline.inspect import DEFAULT_VERIFY_MAX_BYTES, CheckpointReport, FileInfo, inspect_checkpoint
 from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.core.offline.inspect import DEFAULT_VERIFY_MAX_BYTES, CheckpointReport, FileInfo, inspect_checkpoint
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
 

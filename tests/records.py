@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lerobot_kit.core.checkpoint import paths
-from lerobot_kit.core.checkpoint.training_step import SamplerPosition, Topology, TrainingStep
+from lerobot_kit.core.layout import paths
+from lerobot_kit.core.layout.training_step import SamplerPosition, Topology, TrainingStep
 
 
 def write_record(step_dir: Path, weights: str, checkpoint_format: str = "safetensors_dcp", peft: bool = False) -> Path:

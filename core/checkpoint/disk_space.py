@@ -25,11 +25,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lerobot_kit.core.checkpoint import atomic, paths
 from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.core.layout import atomic, paths
 
 if TYPE_CHECKING:
-    from lerobot_kit.core.run.components import RunComponents
+    from lerobot_kit.core.checkpoint.state import CheckpointState
 
 # JSON files, processors, RNG state and safetensors headers, beyond the tensors counted.
 OTHER_FILES_BYTES = 1 << 20
@@ -39,8 +39,8 @@ class DiskFullError(CheckpointError):
     """The checkpoint does not fit on the disk; nothing of it is left behind."""
 
 
-def share_bytes(run: RunComponents) -> int:
-    """About how many bytes this rank writes for one checkpoint of ``run``.
+def share_bytes(state: CheckpointState) -> int:
+    """About how many bytes this rank writes for one checkpoint of ``state``.
 
     Weights: the full tensors in the gathered file (main process; sharded runs under a
     format with a gathered file; only the trainable ones for PEFT) and this rank's shards
@@ -48,15 +48,15 @@ def share_bytes(run: RunComponents) -> int:
     the whole state on the main process. HSDP replicas hold the same shards and DCP has
     each written once, spread over the replicas.
     """
-    config, dims, is_main = run.config, run.dims, run.ctx.is_main
-    stored = [p for p in run.parallel.model.parameters() if p.requires_grad or config.peft.method_type is None]
+    facts, is_main = state.facts, state.ctx.is_main
+    stored = [p for p in state.model.parameters() if p.requires_grad or state.weights.naming.include_frozen]
     full_weights = sum(p.numel() * p.element_size() for p in stored)
-    optimizer = sum(_local_bytes(v) for state in run.optimizer.state.values() for v in state.values())
-    if not dims.sharded:
+    optimizer = sum(_local_bytes(v) for entry in state.optimizer.state.values() for v in entry.values())
+    if not facts.sharded:
         return full_weights + optimizer + OTHER_FILES_BYTES if is_main else 0
-    gathered = config.checkpoint_format != "dcp"  # a plugin format may write both: counted as both
-    shards = config.checkpoint_format != "safetensors"
-    share = (optimizer + (sum(_local_bytes(p) for p in stored) if shards else 0)) // dims.dp_replicate
+    gathered = facts.checkpoint_format != "dcp"  # a plugin format may write both: counted as both
+    shards = facts.checkpoint_format != "safetensors"
+    share = (optimizer + (sum(_local_bytes(p) for p in stored) if shards else 0)) // facts.topology.dp_replicate
     if is_main:
         share += (full_weights if gathered else 0) + OTHER_FILES_BYTES
     return share
@@ -77,50 +77,50 @@ def free_bytes(folder: Path) -> int:
     return shutil.disk_usage(existing).free
 
 
-def check_room(run: RunComponents, step: int) -> int:
+def check_room(state: CheckpointState, step: int) -> int:
     """Collective, before a save: ``DiskFullError`` on every rank when some rank's share does
     not fit in the free space it sees. Returns the bytes all ranks will write together."""
     from lerobot_kit.core.distributed.process_group import all_gather_objects
 
-    folder = paths.checkpoints_root(run.output_dir)
-    mine = (run.ctx.rank, share_bytes(run), free_bytes(folder))
-    everyone = all_gather_objects(run.ctx, mine)
+    folder = paths.checkpoints_root(state.output_dir)
+    mine = (state.ctx.rank, share_bytes(state), free_bytes(folder))
+    everyone = all_gather_objects(state.ctx, mine)
     total = sum(needed for _, needed, _ in everyone)
     short = [(rank, needed, free) for rank, needed, free in everyone if needed > free]
     if short:
         rank, needed, free = short[0]
         raise DiskFullError(
             f"checkpoint of step {step} not written: {folder} has {_mb(free)} free and rank {rank} needs about "
-            f"{_mb(needed)} for its part ({_mb(total)} for all ranks); {_last_text(run)}; free space or keep fewer "
+            f"{_mb(needed)} for its part ({_mb(total)} for all ranks); {_last_text(state.output_dir)}; free space or keep fewer "
             "checkpoints (--keep_last_checkpoints), then resume"
         )
     return total
 
 
 @contextmanager
-def cleaned_up_when_full(run: RunComponents, step: int, needed_total: int) -> Iterator[None]:
+def cleaned_up_when_full(state: CheckpointState, step: int, needed_total: int) -> Iterator[None]:
     """Around a checkpoint's writes: a full disk becomes one ``DiskFullError`` line, with the
     temporary folder removed (main process). Other errors pass through unchanged."""
     try:
         yield
     except BaseException as exc:  # DCP's CheckpointException is a BaseException
-        if not is_disk_full(exc, paths.checkpoints_root(run.output_dir)):
+        if not is_disk_full(exc, paths.checkpoints_root(state.output_dir)):
             raise
-        raise disk_full(run, step, needed_total) from None
+        raise disk_full(state, step, needed_total) from exc
 
 
-def disk_full(run: RunComponents, step: int, needed_total: int) -> DiskFullError:
+def disk_full(state: CheckpointState, step: int, needed_total: int) -> DiskFullError:
     """The error for a save that ran out of space; removes its temporary folder (main process)."""
-    tmp = atomic.temp_step_dir(run.output_dir, step)
-    folder = paths.checkpoints_root(run.output_dir)
-    if run.ctx.is_main:
+    tmp = atomic.temp_step_dir(state.output_dir, step)
+    folder = paths.checkpoints_root(state.output_dir)
+    if state.ctx.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         removed = f"{tmp.name} is removed, which leaves {_mb(free_bytes(folder))} free"
     else:
         removed = f"the main process removes {tmp.name}"
     return DiskFullError(
         f"checkpoint of step {step} not written: the disk of {folder} is full (No space left on device while "
-        f"writing it; it needs about {_mb(needed_total)}; {removed}); {_last_text(run)}; free space or keep fewer "
+        f"writing it; it needs about {_mb(needed_total)}; {removed}); {_last_text(state.output_dir)}; free space or keep fewer "
         "checkpoints (--keep_last_checkpoints), then resume"
     )
 
@@ -157,8 +157,8 @@ def underlying_errors(exc: BaseException) -> Iterator[BaseException]:
         pending.extend(e for e in (error.__cause__, error.__context__) if e is not None)
 
 
-def _last_text(run: RunComponents) -> str:
-    last = paths.last_checkpoint(run.output_dir)
+def _last_text(output_dir: Path) -> str:
+    last = paths.last_checkpoint(output_dir)
     return f"{paths.CHECKPOINTS_DIR}/{paths.LAST_LINK} still points to {last.name}" if last else "no checkpoint yet"
 
 

@@ -19,7 +19,7 @@ import os
 import shutil
 from pathlib import Path
 
-from lerobot_kit.core.checkpoint import paths
+from lerobot_kit.core.layout import paths
 
 DELETING_SUFFIX = ".deleting"
 

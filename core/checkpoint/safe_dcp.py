@@ -4,7 +4,7 @@ Torch's own reader unpickles ``.metadata`` with plain ``pickle.load``, and its l
 planner reads every non-tensor entry of a shard with ``torch.load(weights_only=False)``:
 either runs whatever a crafted file names. Checkpoints are downloaded and shared, so
 ``load_dcp`` reads the metadata with the restricted unpickler of
-``core.offline.dcp_metadata`` (torch-free stand-ins, nothing called), checks that every
+``core.layout.dcp_metadata`` (torch-free stand-ins, nothing called), checks that every
 shard it names is there and long enough, and builds torch's metadata classes from the
 checked stand-ins; the planner reads bytes entries with ``weights_only=True``. Tensor
 shapes are compared with the target state first, so a checkpoint of another model
@@ -26,9 +26,9 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader, _StorageInfo
 from torch.distributed.checkpoint.planner import ReadItem
 
-from lerobot_kit.core.checkpoint.paths import DCP_METADATA
 from lerobot_kit.core.errors import CheckpointError, first_line
-from lerobot_kit.core.offline import dcp_metadata as standin
+from lerobot_kit.core.layout import dcp_metadata as standin
+from lerobot_kit.core.layout.paths import DCP_METADATA
 
 
 class UnsafeShardEntryError(CheckpointError):

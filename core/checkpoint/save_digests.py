@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lerobot_kit.core.checkpoint.manifest import FileDigest, hash_files
+from lerobot_kit.core.layout.manifest import FileDigest, hash_files
 
 SHARD_SUFFIX = ".distcp"
 

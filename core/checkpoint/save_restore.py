@@ -1,9 +1,10 @@
-"""Saving a whole checkpoint (collective) and restoring a run from one.
+"""Saving a whole checkpoint (collective) and restoring a run's state from one.
 
-Every rank calls ``save_checkpoint``: sharded state is written by each rank, the rest
-by the main process only, all into a temporary folder that ``atomic.publish`` makes
-visible once complete. ``restore_checkpoint`` loads onto the *current* topology,
-whatever the one that wrote it (DCP reshards; gathered files are broadcast).
+Every rank calls ``save_checkpoint`` with the run's ``CheckpointState``: sharded state
+is written by each rank, the rest by the main process only, all into a temporary folder
+that ``atomic.publish`` makes visible once complete. ``restore_checkpoint`` loads into
+the same pieces on the *current* topology, whatever the one that wrote it (DCP
+reshards; gathered files are broadcast).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from typing import Any
 
 import torch.distributed as dist
 
-from lerobot_kit.core.checkpoint import atomic, paths
+from lerobot_kit.core.checkpoint.pretrained import save_pretrained
 from lerobot_kit.core.checkpoint.save_digests import gather_shard_digests
 from lerobot_kit.core.checkpoint.shard_writes import save_shards
+from lerobot_kit.core.checkpoint.state import CheckpointState
 from lerobot_kit.core.checkpoint.training_state import (
     capture_rng,
     load_full_optimizer,
@@ -28,16 +30,14 @@ from lerobot_kit.core.checkpoint.training_state import (
     save_rng,
     write_json,
 )
-from lerobot_kit.core.checkpoint.training_step import SamplerPosition, Topology, TrainingStep, read_training_step
-from lerobot_kit.core.checkpoint.stored_weights import StoredWeights
 from lerobot_kit.core.checkpoint.weights import SHAPE_FIX, CheckpointFormat, reads_shards
 from lerobot_kit.core.data.sampler import DataPosition
-from lerobot_kit.core.checkpoint.verify import damage
 from lerobot_kit.core.distributed.process_group import barrier, broadcast_object
 from lerobot_kit.core.errors import CheckpointError
-from lerobot_kit.core.run.components import RunComponents
-from lerobot_kit.core.run.optim import load_scheduler_state, scheduler_state
-from lerobot_kit.core.version import package_version
+from lerobot_kit.core.layout import atomic, paths
+from lerobot_kit.core.layout.stored_weights import StoredWeights
+from lerobot_kit.core.layout.training_step import SamplerPosition, TrainingStep, read_training_step
+from lerobot_kit.core.layout.verify import damage
 
 logger = logging.getLogger(__name__)
 
@@ -53,86 +53,65 @@ def checkpoint_format(name: str) -> CheckpointFormat:
     return get_registry().checkpoint_format(name)
 
 
-def save_checkpoint(run: RunComponents, step: int, position: DataPosition) -> Path | None:
+def save_checkpoint(state: CheckpointState, step: int, position: DataPosition) -> Path | None:
     """Collective: every rank must call it at the same step. Returns the folder on the main process."""
-    write_checkpoint(run, step, position)
-    barrier(run.ctx)
-    tmp = atomic.temp_step_dir(run.output_dir, step)
-    digests = gather_shard_digests(tmp, distributed=run.ctx.distributed)
-    final = atomic.publish(run.output_dir, step, digests) if run.ctx.is_main else None
-    barrier(run.ctx)
+    ctx = state.ctx
+    write_checkpoint(state, step, position)
+    barrier(ctx)
+    tmp = atomic.temp_step_dir(state.output_dir, step)
+    digests = gather_shard_digests(tmp, distributed=ctx.distributed)
+    final = atomic.publish(state.output_dir, step, digests) if ctx.is_main else None
+    barrier(ctx)
     return final
 
 
-def write_checkpoint(run: RunComponents, step: int, position: DataPosition) -> None:
+def write_checkpoint(state: CheckpointState, step: int, position: DataPosition) -> None:
     """Collective: write the whole checkpoint into its temporary folder, not yet visible.
 
     ``atomic.publish`` makes it the step folder and ``last`` once every rank's writes are
     done: at once in ``save_checkpoint``, after the background writes in ``CheckpointSaver``.
     """
-    from lerobot_kit.core.model.policy import save_pretrained
-
-    config, ctx = run.config, run.ctx
-    tmp = atomic.temp_step_dir(run.output_dir, step)
+    ctx, facts = state.ctx, state.facts
+    tmp = atomic.temp_step_dir(state.output_dir, step)
     if ctx.is_main:
-        atomic.prepare_temp_dir(run.output_dir, step)
-    barrier(run.ctx)
+        atomic.prepare_temp_dir(state.output_dir, step)
+    barrier(ctx)
     pretrained, state_dir = tmp / paths.PRETRAINED_DIR, tmp / paths.TRAINING_STATE_DIR
-    weights = checkpoint_format(config.checkpoint_format).save_weights(
-        run.weights, pretrained, sharded=run.dims.sharded, is_main=ctx.is_main
+    weights = checkpoint_format(facts.checkpoint_format).save_weights(
+        state.weights, pretrained, sharded=facts.sharded, is_main=ctx.is_main
     )
-    optimizer_kind = _save_optimizer(run, state_dir)
-    rng = _gather_rng(run)
+    optimizer_kind = _save_optimizer(state, state_dir)
+    rng = _gather_rng(state)
     if ctx.is_main:
-        save_pretrained(run.parallel.model, run.meta, run.preprocessor, run.postprocessor, None, pretrained)
-        write_json(pretrained / paths.TRAIN_CONFIG, run.spec.recorded_config())
+        files = state.pretrained
+        save_pretrained(state.model, files.meta, files.preprocessor, files.postprocessor, None, pretrained)
+        write_json(pretrained / paths.TRAIN_CONFIG, files.train_config)
         save_rng(rng, state_dir)
-        write_json(state_dir / paths.SCHEDULER_STATE, scheduler_state(run.scheduler))
-        if run.scaler is not None:
-            write_json(state_dir / paths.SCALER_STATE, run.scaler.state_dict())
-        record = _training_step(run, step, position, weights, optimizer_kind)
+        for piece in state.json_pieces:
+            write_json(state_dir / piece.file, piece.state.state_dict())
+        record = facts.record(step, SamplerPosition(**position.to_json()), weights, optimizer_kind)
         write_json(state_dir / paths.TRAINING_STEP, record.to_json())
 
 
-def _save_optimizer(run: RunComponents, state_dir: Path) -> str:
+def _save_optimizer(state: CheckpointState, state_dir: Path) -> str:
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    state = get_optimizer_state_dict(run.parallel.model, run.optimizer)
-    if run.dims.sharded:
-        save_shards(state, state_dir / paths.DCP_OPTIMIZER_DIR)
+    optimizer_state = get_optimizer_state_dict(state.model, state.optimizer)
+    if state.facts.sharded:
+        save_shards(optimizer_state, state_dir / paths.DCP_OPTIMIZER_DIR)
         return "dcp"
-    if run.ctx.is_main:
-        save_full_optimizer(state, state_dir)
+    if state.ctx.is_main:
+        save_full_optimizer(optimizer_state, state_dir)
     return "safetensors"
 
 
-def _gather_rng(run: RunComponents) -> list[dict[str, Any]]:
+def _gather_rng(state: CheckpointState) -> list[dict[str, Any]]:
     mine = capture_rng()
-    if not run.ctx.distributed:
+    if not state.ctx.distributed:
         return [mine]
-    everyone: list[Any] = [None] * run.ctx.world_size
+    everyone: list[Any] = [None] * state.ctx.world_size
     dist.all_gather_object(everyone, mine)
     return everyone
-
-
-def _training_step(
-    run: RunComponents, step: int, position: DataPosition, weights: str, optimizer_kind: str
-) -> TrainingStep:
-    config = run.config
-    return TrainingStep(
-        step=step,
-        lerobot_kit_version=package_version(),
-        dp_world_size=run.dims.dp_world_size,
-        batch_size=config.batch_size,
-        gradient_accumulation_steps=config.accelerator.gradient_accumulation.steps,
-        mixed_precision=config.accelerator.mixed_precision,
-        topology=Topology(**run.dims.to_json()),
-        checkpoint_format=config.checkpoint_format,
-        weights=weights,
-        optimizer=optimizer_kind,
-        peft=config.peft.method_type is not None,
-        sampler=SamplerPosition(**position.to_json()),
-    )
 
 
 @dataclass
@@ -152,33 +131,33 @@ def _check_resumable(step_dir: Path, record: TrainingStep) -> None:
         )
 
 
-def restore_checkpoint(run: RunComponents, step_dir: Path) -> Restored:
-    """Collective: load weights, optimizer, scheduler, scaler and RNG onto the current topology.
+def restore_checkpoint(state: CheckpointState, step_dir: Path) -> Restored:
+    """Collective: load weights, optimizer, the JSON pieces and RNG onto the current topology.
 
     The main process first checks every file it is about to read against the checkpoint's
     manifest (all but the weight kind this topology does not read), and every rank stops
     alike when one differs.
     """
+    ctx = state.ctx
     problem = None
-    if run.ctx.is_main:
-        unread = _unread_weights(step_dir, run.ctx.distributed)
+    if ctx.is_main:
+        unread = _unread_weights(step_dir, ctx.distributed)
         problem = damage(step_dir, None, RESUME_ADVICE, skip=[unread] if unread else [])
-    problem = broadcast_object(run.ctx, problem)
+    problem = broadcast_object(ctx, problem)
     if problem is not None:
         raise CheckpointError(problem)
     record = read_training_step(step_dir)
     _check_resumable(step_dir, record)
     pretrained, state_dir = step_dir / paths.PRETRAINED_DIR, step_dir / paths.TRAINING_STATE_DIR
     checkpoint_format(record.checkpoint_format).load_weights(
-        run.weights, pretrained, distributed=run.ctx.distributed, is_main=run.ctx.is_main
+        state.weights, pretrained, distributed=ctx.distributed, is_main=ctx.is_main
     )
-    _load_optimizer(run, state_dir)
-    load_scheduler_state(run.scheduler, read_json(state_dir / paths.SCHEDULER_STATE))
-    if run.scaler is not None:
-        scaler_file = state_dir / paths.SCALER_STATE
-        if scaler_file.is_file():
-            run.scaler.load_state_dict(read_json(scaler_file))
-    rng = load_rng(state_dir, run.ctx.rank)
+    _load_optimizer(state, state_dir)
+    for piece in state.json_pieces:
+        file = state_dir / piece.file
+        if file.is_file():  # whether the checkpoint must hold it is the layout table's rule, checked above
+            piece.state.load_state_dict(read_json(file))
+    rng = load_rng(state_dir, ctx.rank)
     if rng is not None:
         restore_rng(rng)
     return Restored(record.step, DataPosition(**asdict(record.sampler)), record)
@@ -195,22 +174,22 @@ def _unread_weights(step_dir: Path, distributed: bool) -> str | None:
     return f"{paths.PRETRAINED_DIR}/{unread}"
 
 
-def _load_optimizer(run: RunComponents, state_dir: Path) -> None:
+def _load_optimizer(state: CheckpointState, state_dir: Path) -> None:
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_optimizer_state_dict,
         set_optimizer_state_dict,
     )
 
-    model = run.parallel.model
+    model, optimizer, ctx = state.model, state.optimizer, state.ctx
     shards = state_dir / paths.DCP_OPTIMIZER_DIR
     if shards.is_dir():
         from lerobot_kit.core.checkpoint.safe_dcp import load_dcp
 
-        state = get_optimizer_state_dict(model, run.optimizer)
-        load_dcp(state, shards, what="optimizer shards", fix=SHAPE_FIX)
-        set_optimizer_state_dict(model, run.optimizer, state)
+        current = get_optimizer_state_dict(model, optimizer)
+        load_dcp(current, shards, what="optimizer shards", fix=SHAPE_FIX)
+        set_optimizer_state_dict(model, optimizer, current)
         return
-    full = load_full_optimizer(state_dir) if (run.ctx.is_main or not run.ctx.distributed) else {}
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=run.ctx.distributed)
-    set_optimizer_state_dict(model, run.optimizer, full, options=options)
+    full = load_full_optimizer(state_dir) if (ctx.is_main or not ctx.distributed) else {}
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=ctx.distributed)
+    set_optimizer_state_dict(model, optimizer, full, options=options)

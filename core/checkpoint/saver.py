@@ -22,15 +22,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from lerobot_kit.core.checkpoint import atomic, disk_space, paths, retention
-from lerobot_kit.core.checkpoint.manifest import FileDigest
+from lerobot_kit.core.checkpoint import disk_space, retention
 from lerobot_kit.core.checkpoint.save_digests import gather_shard_digests
 from lerobot_kit.core.checkpoint.save_restore import save_checkpoint, write_checkpoint
 from lerobot_kit.core.checkpoint.shard_writes import deferred_shard_writes, write_deferred
-from lerobot_kit.core.run.components import RunComponents
+from lerobot_kit.core.checkpoint.state import CheckpointState
 from lerobot_kit.core.data.sampler import DataPosition
 from lerobot_kit.core.distributed.process_group import barrier
 from lerobot_kit.core.errors import CheckpointError, first_line
+from lerobot_kit.core.layout import atomic, paths
+from lerobot_kit.core.layout.manifest import FileDigest
 
 logger = logging.getLogger("lerobot_kit")
 
@@ -42,16 +43,27 @@ class _InFlight:
     needed: int  # bytes all ranks write for it, for the message if the disk fills up
 
 
+@dataclass(frozen=True)
+class SaveSettings:
+    """How a run checkpoints: in the background or not, how many step folders it keeps."""
+
+    async_checkpoint: bool
+    keep_last_checkpoints: int
+    timeout_s: float  # of the background writer's own process group
+
+
 class CheckpointSaver:
-    def __init__(self, run: RunComponents) -> None:
-        self.run = run
-        self.background = run.config.async_checkpoint and run.dims.sharded
+    def __init__(self, state: CheckpointState, settings: SaveSettings) -> None:
+        self.state = state
+        self.settings = settings
+        sharded = state.facts.sharded
+        self.background = settings.async_checkpoint and sharded
         self.last: Path | None = None
         self._in_flight: _InFlight | None = None
         self._group: Any = None
         self._stager: Any = None
         self._writer: ThreadPoolExecutor | None = None
-        if run.config.async_checkpoint and not run.dims.sharded and run.ctx.is_main:
+        if settings.async_checkpoint and not sharded and state.ctx.is_main:
             logger.warning(
                 "async_checkpoint: this run is not sharded, so it saves gathered files, synchronously; "
                 "the flag only applies to DCP shards (--parallelism.dp_shard > 1)"
@@ -62,7 +74,7 @@ class CheckpointSaver:
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
             # Collective, so every rank creates it here, at the same point of start-up.
-            self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=run.config.parallelism.timeout_s))
+            self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=settings.timeout_s))
             # Kept for the run: it reuses its host buffers from one save to the next.
             self._stager = DefaultStager(StagingOptions(
                 use_pinned_memory=torch.cuda.is_available(), use_shared_memory=False,
@@ -73,17 +85,17 @@ class CheckpointSaver:
     def save(self, step: int, position: DataPosition) -> None:
         """Collective: every rank calls it at the same step."""
         if not self.background:
-            needed = disk_space.check_room(self.run, step)
-            with disk_space.cleaned_up_when_full(self.run, step, needed):
-                self._published(save_checkpoint(self.run, step, position))
+            needed = disk_space.check_room(self.state, step)
+            with disk_space.cleaned_up_when_full(self.state, step, needed):
+                self._published(save_checkpoint(self.state, step, position))
             return
         self.wait()  # the staged buffers are reused: the previous write must be done
-        needed = disk_space.check_room(self.run, step)
-        with disk_space.cleaned_up_when_full(self.run, step, needed):
+        needed = disk_space.check_room(self.state, step)
+        with disk_space.cleaned_up_when_full(self.state, step, needed):
             with deferred_shard_writes(self._stager) as deferred:
-                write_checkpoint(self.run, step, position)
+                write_checkpoint(self.state, step, position)
         assert self._writer is not None
-        tmp = atomic.temp_step_dir(self.run.output_dir, step)
+        tmp = atomic.temp_step_dir(self.state.output_dir, step)
         future = self._writer.submit(_write_and_hash, deferred.writes, self._group, tmp)
         self._in_flight = _InFlight(step, future, needed)
 
@@ -104,7 +116,7 @@ class CheckpointSaver:
             assert self._writer is not None
             self._writer.shutdown()
             self._stager.close()
-            barrier(self.run.ctx)
+            barrier(self.state.ctx)
         return self.last
 
     def wait(self) -> None:
@@ -115,15 +127,15 @@ class CheckpointSaver:
         try:
             digests = in_flight.future.result()
         except BaseException as exc:  # DCP's CheckpointException is a BaseException
-            if disk_space.is_disk_full(exc, paths.checkpoints_root(self.run.output_dir)):
-                raise disk_space.disk_full(self.run, in_flight.step, in_flight.needed) from None
+            if disk_space.is_disk_full(exc, paths.checkpoints_root(self.state.output_dir)):
+                raise disk_space.disk_full(self.state, in_flight.step, in_flight.needed) from exc
             cause = disk_space.root_error(exc)
             raise CheckpointError(
                 f"the background checkpoint of step {in_flight.step} failed, so it was not published "
                 f"({type(cause).__name__}: {first_line(cause)}); the previous checkpoint is intact"
             ) from exc
-        if self.run.ctx.is_main:
-            self._published(atomic.publish(self.run.output_dir, in_flight.step, digests))
+        if self.state.ctx.is_main:
+            self._published(atomic.publish(self.state.output_dir, in_flight.step, digests))
             logger.debug("checkpoint of step %d published", in_flight.step)
 
     def _published(self, final: Path | None) -> None:
@@ -131,7 +143,7 @@ class CheckpointSaver:
         if final is None:
             return
         self.last = final
-        retention.prune(self.run.output_dir, int(final.name), self.run.config.keep_last_checkpoints)
+        retention.prune(self.state.output_dir, int(final.name), self.settings.keep_last_checkpoints)
 
 
 def _write_and_hash(writes: list[tuple[dict[str, Any], Path]], group: Any, step_dir: Path) -> dict[str, FileDigest]:

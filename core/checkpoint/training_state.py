@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from lerobot_kit.core.checkpoint import paths
 from lerobot_kit.core.errors import CheckpointError, first_line
+from lerobot_kit.core.layout import paths
 
 
 def write_json(path: Path, data: Any) -> None:

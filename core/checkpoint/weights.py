@@ -5,13 +5,8 @@ Checkpoint formats (built-in and plugins), ``save_pretrained``, ``load_pretraine
 gathered file, DCP shards and a PEFT adapter in either are written by one piece of code
 and read back by another, whoever asks.
 
-*Which* tensors are stored, under which names and in which file, is the job of a
-``WeightNaming`` that travels with the model as ``ModelWeights``: a plain policy stores
-every tensor of its state dict under its own name in ``model.safetensors``
-(``FullNaming``); a PEFT model stores only its adapter under peft's names in
-``adapter_model.safetensors`` (``core.model.peft.PeftNaming``). The naming is chosen
-once, where the model is known (``core.model.peft.model_weights``), so no reader or
-writer here asks what kind of model it has. *Where* weights are read from is what the
+*Which* tensors are stored, under which names and in which file, is the model's
+``ModelWeights`` (``core.model.naming``); *where* weights are read from is what the
 checkpoint recorded (``StoredWeights``), not whichever files happen to exist.
 
 A checkpoint format decides how a run's weights are stored; optimizer and training
@@ -21,72 +16,17 @@ state are the same for every format. A plugin format subclasses ``CheckpointForm
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor, nn
 
-from lerobot_kit.core.checkpoint import paths
 from lerobot_kit.core.checkpoint.shard_writes import save_shards
-from lerobot_kit.core.checkpoint.stored_weights import StoredWeights
 from lerobot_kit.core.checkpoint.training_state import read_safetensors
 from lerobot_kit.core.errors import CheckpointError
-
-
-class WeightNaming(ABC):
-    """Which tensors of a model its weights file holds, and under which names."""
-
-    file_name: str  # in pretrained_model/
-    include_frozen: bool  # frozen parameters are stored too (an adapter's frozen base never is)
-
-    @abstractmethod
-    def to_saved(self, state: dict[str, Any]) -> dict[str, Any]:
-        """The tensors to store, under their stored names, taken from the model's state dict."""
-
-    @abstractmethod
-    def to_model(self, saved: dict[str, Any], source: Path) -> dict[str, Any]:
-        """Stored tensors under the model's names; ``CheckpointError`` naming ``source`` when
-        they are not exactly the tensors this model stores."""
-
-    def save_config(self, directory: Path) -> None:
-        """Files a loader needs next to the weights (peft's ``adapter_config.json``); none by default."""
-
-
-class FullNaming(WeightNaming):
-    """A plain model: its whole state dict, under its own names, in ``model.safetensors``."""
-
-    file_name = paths.MODEL_WEIGHTS
-    include_frozen = True
-
-    def __init__(self, model: nn.Module) -> None:
-        self._keys = frozenset(model.state_dict())
-        self._model_name = type(model).__name__
-
-    def to_saved(self, state: dict[str, Any]) -> dict[str, Any]:
-        return state
-
-    def to_model(self, saved: dict[str, Any], source: Path) -> dict[str, Any]:
-        missing, unexpected = sorted(self._keys - set(saved)), sorted(set(saved) - self._keys)
-        if missing or unexpected:
-            raise CheckpointError(
-                f"{source} does not fit this {self._model_name} (saved with other settings or features?): "
-                f"missing {missing[:3]}, unexpected {unexpected[:3]}"
-            )
-        return saved
-
-
-@dataclass(frozen=True)
-class ModelWeights:
-    """A model and the naming its weights are stored under: what every function here takes."""
-
-    model: nn.Module
-    naming: WeightNaming
-
-    def file_in(self, pretrained_dir: Path) -> Path:
-        """Where this model's gathered weights file lives in ``pretrained_dir``."""
-        return Path(pretrained_dir) / self.naming.file_name
-
+from lerobot_kit.core.layout import paths
+from lerobot_kit.core.layout.stored_weights import StoredWeights
+from lerobot_kit.core.model.naming import ModelWeights
 
 # --- writing ------------------------------------------------------------------------------
 
@@ -94,7 +34,10 @@ class ModelWeights:
 def gathered_state(weights: ModelWeights, *, sharded: bool, is_main: bool) -> dict[str, Tensor]:
     """The full tensors to store, under their stored names, on the CPU: on the main process;
     empty on the others. Collective when ``sharded``; only stored parameters are gathered."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+    )
 
     if sharded:
         options = StateDictOptions(
@@ -130,7 +73,10 @@ def write_gathered(weights: ModelWeights, pretrained_dir: Path, *, sharded: bool
 def write_shards(weights: ModelWeights, pretrained_dir: Path) -> None:
     """DCP shards under the stored names: every rank writes its own part, nothing is
     gathered (in the background under ``async_checkpoint``)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+    )
 
     options = StateDictOptions(ignore_frozen_params=not weights.naming.include_frozen)
     state = get_model_state_dict(weights.model, options=options)
@@ -170,7 +116,10 @@ def load_state(
     main process, which tells the others), so a file of another model shape fails on
     every rank with one line.
     """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+    )
 
     naming = weights.naming
     problem = None
@@ -214,7 +163,11 @@ def _from_main(problem: str | None) -> str | None:
 
 def load_shards(weights: ModelWeights, shard_dir: Path) -> None:
     """Collective: DCP shards resharded onto the model's current layout, each rank reading its part."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        set_model_state_dict,
+    )
 
     from lerobot_kit.core.checkpoint.safe_dcp import load_dcp
 

@@ -220,7 +220,7 @@ def _other_types_by_field(kind: str, selected: str) -> dict[str, list[str]]:
 
 
 def _pretrained_policy_config(path: str) -> dict[str, Any]:
-    from lerobot_kit.core.checkpoint.paths import find_pretrained_dir
+    from lerobot_kit.core.layout.paths import find_pretrained_dir
 
     config_file = find_pretrained_dir(Path(path)) / "config.json"
     try:

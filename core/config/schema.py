@@ -12,7 +12,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SerializeAsAny, field_validator
 
-from lerobot_kit.core.data.options import ImageTransformsConfig, SamplerConfig
+from lerobot_kit.core.config.data_options import ImageTransformsConfig, SamplerConfig
 
 
 class Section(BaseModel):

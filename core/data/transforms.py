@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 from torch.nn import functional as F
 
-from lerobot_kit.core.data.options import ImageTransformsConfig, transform_ranges
+from lerobot_kit.core.config.data_options import ImageTransformsConfig, transform_ranges
 
 Op = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 GREY_WEIGHTS = (0.2989, 0.587, 0.114)  # ITU-R 601, as torchvision's rgb_to_grayscale

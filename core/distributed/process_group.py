@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from lerobot_kit.core.distributed.launcher import Launcher, LaunchEnv
+from lerobot_kit.core.distributed.launcher import LaunchEnv, Launcher
 from lerobot_kit.core.registry.registry import get_registry
 
 T = TypeVar("T")

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
+from lerobot_kit.core.checkpoint.pretrained import load_pretrained
 from lerobot_kit.core.distributed.process_group import DistContext
 from lerobot_kit.core.eval.config import EvalRunConfig, output_dir_of
 from lerobot_kit.core.eval.evaluate import Evaluator
-from lerobot_kit.core.model.policy import load_pretrained
 
 
 def evaluate_checkpoint(config: EvalRunConfig) -> tuple[dict[str, Any], Path]:

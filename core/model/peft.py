@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from lerobot_kit.core.checkpoint.paths import ADAPTER_CONFIG, ADAPTER_WEIGHTS, POLICY_CONFIG, find_pretrained_dir
-from lerobot_kit.core.checkpoint.weights import FullNaming, ModelWeights, WeightNaming
 from lerobot_kit.core.config.schema import PeftConfig, TrainConfig
 from lerobot_kit.core.errors import CheckpointError, ConfigError
+from lerobot_kit.core.layout.paths import ADAPTER_CONFIG, ADAPTER_WEIGHTS, POLICY_CONFIG, find_pretrained_dir
+from lerobot_kit.core.model.naming import FullNaming, ModelWeights, WeightNaming
 
 if TYPE_CHECKING:
     from lerobot_kit.core.model.policy import Policy

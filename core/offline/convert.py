@@ -60,15 +60,10 @@ from typing import Any
 
 import torch
 
-from lerobot_kit.core.offline import dcp_metadata
-from lerobot_kit.core.offline.dcp_chunks import ChunkReader, row_blocks
-from lerobot_kit.core.offline.weight_shapes import expected_shapes, shape_mismatch
-from lerobot_kit.core.checkpoint import manifest
-from lerobot_kit.core.checkpoint.atomic import fsync_dir
-from lerobot_kit.core.checkpoint.stored_weights import StoredWeights
-from lerobot_kit.core.checkpoint.training_step import rewrite_weights_kind
-from lerobot_kit.core.offline.safetensors_header import METADATA_KEY, read_safetensors_header, tensors
-from lerobot_kit.core.checkpoint.paths import (
+from lerobot_kit.core.errors import CheckpointError, first_line
+from lerobot_kit.core.layout import dcp_metadata, manifest
+from lerobot_kit.core.layout.atomic import fsync_dir
+from lerobot_kit.core.layout.paths import (
     DATASET_META,
     DCP_METADATA,
     DCP_MODEL_DIR,
@@ -80,7 +75,11 @@ from lerobot_kit.core.checkpoint.paths import (
     TRAINING_STEP,
     find_step_dir,
 )
-from lerobot_kit.core.errors import CheckpointError, first_line
+from lerobot_kit.core.layout.safetensors_header import METADATA_KEY, read_safetensors_header, tensors
+from lerobot_kit.core.layout.stored_weights import StoredWeights
+from lerobot_kit.core.layout.training_step import rewrite_weights_kind
+from lerobot_kit.core.offline.dcp_chunks import ChunkReader, row_blocks
+from lerobot_kit.core.offline.weight_shapes import expected_shapes, shape_mismatch
 
 # torch dtype -> safetensors dtype tag. Optional dtypes are looked up by name so an
 # older torch without them still imports this module.

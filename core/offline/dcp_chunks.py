@@ -22,8 +22,8 @@ from typing import BinaryIO
 
 import torch
 
-from lerobot_kit.core.offline import dcp_metadata
 from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.core.layout import dcp_metadata
 
 
 class _FileSlice(io.RawIOBase):

@@ -3,7 +3,7 @@
 Reads JSON, safetensors headers and DCP metadata only, never tensor data or model code,
 and never imports torch: CI can validate a checkpoint in a second, and a downloaded
 checkpoint cannot run anything. ``training_step.json`` is checked by the rules of
-``core.checkpoint.training_step``, the ones resume reads it by.
+``core.layout.training_step``, the ones resume reads it by.
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lerobot_kit.core.checkpoint import manifest
-from lerobot_kit.core.checkpoint import paths as L
-from lerobot_kit.core.checkpoint import training_step
-from lerobot_kit.core.checkpoint.training_step import OPTIMIZER_KINDS, WEIGHTS_KINDS, json_type
-from lerobot_kit.core.offline.dcp_metadata import check_dcp_shards, read_dcp_metadata, tensor_entries
-from lerobot_kit.core.offline.safetensors_header import read_safetensors_header, tensor_nbytes, tensors
-from lerobot_kit.core.offline.weight_shapes import expected_shapes, shape_mismatch
 from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.core.layout import manifest, training_step
+from lerobot_kit.core.layout import paths as L
+from lerobot_kit.core.layout.dcp_metadata import check_dcp_shards, read_dcp_metadata, tensor_entries
+from lerobot_kit.core.layout.safetensors_header import read_safetensors_header, tensor_nbytes, tensors
+from lerobot_kit.core.layout.training_step import OPTIMIZER_KINDS, WEIGHTS_KINDS, json_type
+from lerobot_kit.core.offline.weight_shapes import expected_shapes, shape_mismatch
 
 DEFAULT_VERIFY_MAX_BYTES = 2_000_000_000
 """Checksums are verified by default up to this many bytes on disk (about 10 s of reading)."""

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
-from lerobot_kit.core.checkpoint.paths import DATASET_META, POLICY_CONFIG
 from lerobot_kit.core.errors import LerobotError
+from lerobot_kit.core.layout.paths import DATASET_META, POLICY_CONFIG
 
 if TYPE_CHECKING:
     from lerobot_kit.core.data.dataset import DatasetMeta

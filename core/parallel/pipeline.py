@@ -1,7 +1,7 @@
 """The one place where parallelism is applied to a model, step by step, in this order.
 
 0. Wrap units — resolved once per run by ``wrap_units.resolve_wrap_units`` when the
-   model is built (``core.model.build``), and handed in here as a value.
+   model is built (``core.run.assemble``), and handed in here as a value.
 1. Mesh — ``ParallelDims.build_mesh``: named axes dp_replicate, dp_shard, cp, tp.
 2. Tensor/context parallelism — the policy's own ``parallelize_tp_cp`` hook
    (``tensor_parallel``); nothing while tp = cp = 1.

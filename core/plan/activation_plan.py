@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-
 from lerobot_kit.core.data.dataset import DatasetMeta
 from lerobot_kit.core.errors import ConfigError
-from lerobot_kit.core.model.build import BuiltModel, declared_wrap_modules
 from lerobot_kit.core.model.processor import PolicyProcessor
+from lerobot_kit.core.parallel.precision import autocast_dtype, build_mp_policy
+from lerobot_kit.core.parallel.wrap_units import outermost, resolve_wrap_units
 from lerobot_kit.core.plan.activation_memory import (
     FSDPCompute,
     ItemShapes,
@@ -27,8 +27,7 @@ from lerobot_kit.core.plan.activation_memory import (
     item_shapes,
 )
 from lerobot_kit.core.plan.batch_fit import BatchFit, largest_batch
-from lerobot_kit.core.parallel.precision import autocast_dtype, build_mp_policy
-from lerobot_kit.core.parallel.wrap_units import outermost, resolve_wrap_units
+from lerobot_kit.core.run.assemble import BuiltModel, declared_wrap_modules
 from lerobot_kit.core.run.spec import RunSpec
 
 GIB = 2**30

@@ -27,7 +27,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-
 _DEVICE_QUERY = torch.ops.prim.device.default
 
 

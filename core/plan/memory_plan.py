@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from lerobot_kit.core.config.schema import AcceleratorConfig, TrainConfig
-from lerobot_kit.core.parallel.precision import build_mp_policy
 from lerobot_kit.core.parallel.dims import ParallelDims
+from lerobot_kit.core.parallel.precision import build_mp_policy
 from lerobot_kit.core.parallel.wrap_units import WrapUnits
 
 if TYPE_CHECKING:
@@ -201,9 +201,9 @@ def plan_run(config: TrainConfig, world_size: int, device_memory_gb: float | Non
     the same preprocessor; with ``device_memory_gb``, the largest ``--batch_size`` whose
     step fits a device of that many GiB."""
     from lerobot_kit.core.data.build import build_dataset
-    from lerobot_kit.core.model.build import build_model
     from lerobot_kit.core.model.processor import make_processors
     from lerobot_kit.core.plan.activation_plan import plan_activations
+    from lerobot_kit.core.run.assemble import build_model
     from lerobot_kit.core.run.spec import resolve_run
 
     spec = resolve_run(config, world_size)

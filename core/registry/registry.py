@@ -12,9 +12,9 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy

@@ -1,7 +1,7 @@
 """Everything a running training job holds, passed as one object.
 
-The trainer loop and the checkpoint code both need the same dozen pieces; bundling
-them keeps signatures short without giving either module knowledge of the other.
+The trainer loop and the run's assembly need the same dozen pieces; bundling them keeps
+signatures short. The checkpoint code gets only what it saves (``checkpoint_state``).
 """
 
 from __future__ import annotations
@@ -13,14 +13,18 @@ from typing import Any
 
 import torch
 
-from lerobot_kit.core.checkpoint.weights import ModelWeights
+from lerobot_kit.core.checkpoint.state import CheckpointState, JsonPiece, PretrainedFiles, RunFacts
 from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.data.dataset import DatasetMeta
 from lerobot_kit.core.distributed.process_group import DistContext
-from lerobot_kit.core.parallel.parallelized import Parallelized
+from lerobot_kit.core.layout import paths
+from lerobot_kit.core.layout.training_step import Topology
+from lerobot_kit.core.model.naming import ModelWeights
 from lerobot_kit.core.model.peft import model_weights
 from lerobot_kit.core.model.processor import PolicyProcessor
 from lerobot_kit.core.parallel.dims import ParallelDims
+from lerobot_kit.core.parallel.parallelized import Parallelized
+from lerobot_kit.core.run.optim import ScheduleState
 from lerobot_kit.core.run.spec import RunSpec
 
 
@@ -52,3 +56,22 @@ class RunComponents:
     def weights(self) -> ModelWeights:
         """The model with the naming its weights are stored under, chosen once for the run."""
         return model_weights(self.parallel.model)
+
+    @cached_property
+    def checkpoint_state(self) -> CheckpointState:
+        """What this run's checkpoints save and a resume restores, as named pieces."""
+        config = self.config
+        pieces = [JsonPiece(paths.SCHEDULER_STATE, ScheduleState(self.scheduler))]
+        if self.scaler is not None:
+            pieces.append(JsonPiece(paths.SCALER_STATE, self.scaler))
+        facts = RunFacts(
+            checkpoint_format=config.checkpoint_format,
+            topology=Topology(**self.dims.to_json()),
+            batch_size=config.batch_size,
+            gradient_accumulation_steps=config.accelerator.gradient_accumulation.steps,
+            mixed_precision=config.accelerator.mixed_precision,
+            peft=self.spec.use_peft,
+        )
+        pretrained = PretrainedFiles(self.meta, self.preprocessor, self.postprocessor, self.spec.recorded_config())
+        return CheckpointState(self.ctx, self.output_dir, self.weights, self.optimizer, tuple(pieces), pretrained,
+                               facts)

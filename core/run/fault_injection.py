@@ -44,8 +44,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lerobot_kit.core.checkpoint import atomic
 from lerobot_kit.core.errors import ConfigError
+from lerobot_kit.core.layout import atomic
 
 if TYPE_CHECKING:
     from lerobot_kit.core.run.components import RunComponents

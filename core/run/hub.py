@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lerobot_kit.core.checkpoint.paths import DCP_MODEL_DIR, TMP_SUFFIX
 from lerobot_kit.core.errors import ConfigError, LerobotError
+from lerobot_kit.core.layout.paths import DCP_MODEL_DIR, TMP_SUFFIX
 
 # DCP shards are a training artefact (reloadable only with torch.distributed.checkpoint
 # and the same key layout); a published model carries the merged safetensors instead.

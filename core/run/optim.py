@@ -7,6 +7,7 @@ number of processes; its whole state is ``last_epoch``, so it round-trips throug
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -47,13 +48,23 @@ def build_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config, total_steps))
 
 
-def scheduler_state(scheduler: torch.optim.lr_scheduler.LambdaLR) -> dict[str, object]:
-    return {"last_epoch": scheduler.last_epoch, "base_lrs": list(scheduler.base_lrs)}
+class ScheduleState:
+    """The LR schedule as checkpoint state: ``last_epoch`` and the base LRs, as JSON.
 
+    ``LambdaLR.state_dict`` holds its lambdas, which JSON cannot; they are rebuilt from the
+    flags, so only the position in the schedule and its base is saved.
+    """
 
-def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LambdaLR, state: dict[str, object]) -> None:
-    scheduler.base_lrs = [float(x) for x in state["base_lrs"]]  # type: ignore[union-attr]
-    scheduler.last_epoch = int(state["last_epoch"])  # type: ignore[arg-type]
-    for group, base_lr, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
-        group["lr"] = base_lr * factor(scheduler.last_epoch)
-    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+    def __init__(self, scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
+        self.scheduler = scheduler
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_epoch": self.scheduler.last_epoch, "base_lrs": list(self.scheduler.base_lrs)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        scheduler = self.scheduler
+        scheduler.base_lrs = [float(x) for x in state_dict["base_lrs"]]
+        scheduler.last_epoch = int(state_dict["last_epoch"])
+        for group, base_lr, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+            group["lr"] = base_lr * factor(scheduler.last_epoch)
+        scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]

@@ -14,26 +14,32 @@ from dataclasses import dataclass
 import torch
 
 from lerobot_kit.core.checkpoint.save_restore import restore_checkpoint
-from lerobot_kit.core.checkpoint.training_step import TrainingStep
 from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.data.loader import TrainingLoader, build_loader
 from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
 from lerobot_kit.core.distributed.accelerate_guard import check_accelerate_env
-from lerobot_kit.core.distributed.process_group import DistContext, barrier, broadcast_object, init_distributed, shutdown
+from lerobot_kit.core.distributed.process_group import (
+    DistContext,
+    barrier,
+    broadcast_object,
+    init_distributed,
+    shutdown,
+)
 from lerobot_kit.core.errors import CheckpointError, ConfigError
-from lerobot_kit.core.eval.training import evaluation_hooks
-from lerobot_kit.core.model.build import build_model
+from lerobot_kit.core.layout.training_step import TrainingStep
 from lerobot_kit.core.parallel.parallelized import Parallelized
 from lerobot_kit.core.parallel.pipeline import parallelize
 from lerobot_kit.core.parallel.precision import build_grad_scaler
+from lerobot_kit.core.run.assemble import build_model
 from lerobot_kit.core.run.banner import format_banner
 from lerobot_kit.core.run.components import RunComponents
+from lerobot_kit.core.run.evaluation import evaluation_hooks
 from lerobot_kit.core.run.nonfinite import NonFiniteError
 from lerobot_kit.core.run.optim import build_optimizer, build_scheduler
+from lerobot_kit.core.run.preemption import run_stopped
 from lerobot_kit.core.run.publish import publish_final
 from lerobot_kit.core.run.resume_optim import apply_optimizer_config
 from lerobot_kit.core.run.rewind import discard_later_steps
-from lerobot_kit.core.run.preemption import run_stopped
 from lerobot_kit.core.run.spec import Restarts, RunSpec, resolve_run
 from lerobot_kit.core.run.tracking import make_tracker
 from lerobot_kit.core.run.trainer import Trainer, TrainResult
@@ -117,7 +123,7 @@ def prepare_run(config: TrainConfig, ctx: DistContext) -> PreparedRun:
     run = RunComponents(spec, ctx, parallel, optimizer, scheduler, scaler, preprocessor, postprocessor, dataset.meta)
     start_step, position = 0, DataPosition()
     if spec.resume_from is not None:
-        restored = restore_checkpoint(run, spec.resume_from)
+        restored = restore_checkpoint(run.checkpoint_state, spec.resume_from)
         start_step, position = restored.step, restored.position
         for change in apply_optimizer_config(optimizer, scheduler, config.optimizer):
             logger.info(f"resume: {change} (the schedule continues from step {start_step} on the new base)")

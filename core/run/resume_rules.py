@@ -26,9 +26,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lerobot_kit.core.checkpoint import paths
 from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.errors import CheckpointError, ConfigError
+from lerobot_kit.core.layout import paths
 
 NEW_RUN = "or start a new run in another --output_dir (--policy.path=<this step folder> starts it from these weights)"
 

@@ -15,8 +15,8 @@ import os
 import shutil
 from pathlib import Path
 
-from lerobot_kit.core.checkpoint import paths
 from lerobot_kit.core.checkpoint.retention import DELETING_SUFFIX
+from lerobot_kit.core.layout import paths
 
 
 def discard_later_steps(resume_from: Path, later: tuple[Path, ...]) -> None:

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lerobot_kit.core.checkpoint import paths
 from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.errors import CheckpointError, ConfigError
+from lerobot_kit.core.layout import paths
 from lerobot_kit.core.parallel.dims import ParallelDims
 from lerobot_kit.core.run.output_dir import check_writable
 from lerobot_kit.core.run.resume_rules import check_resume_changes

@@ -17,9 +17,9 @@ import os
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from lerobot_kit.core.run.spec import RunSpec
 from lerobot_kit.core.distributed.process_group import DistContext, broadcast_object
 from lerobot_kit.core.errors import ConfigError
+from lerobot_kit.core.run.spec import RunSpec
 
 logger = logging.getLogger("lerobot_kit")
 

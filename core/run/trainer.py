@@ -18,18 +18,18 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from lerobot_kit.core.checkpoint.saver import CheckpointSaver
-from lerobot_kit.core.run.components import RunComponents
+from lerobot_kit.core.checkpoint.saver import CheckpointSaver, SaveSettings
 from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
 from lerobot_kit.core.distributed.process_group import all_reduce_mean
 from lerobot_kit.core.model.peft import unwrapped_policy
 from lerobot_kit.core.model.policy import Policy
 from lerobot_kit.core.parallel.precision import autocast_dtype
+from lerobot_kit.core.run.components import RunComponents
 from lerobot_kit.core.run.guards import RunGuards
+from lerobot_kit.core.run.metrics_log import append_row, drop_rows_after
 from lerobot_kit.core.run.nonfinite import NonFiniteError, NonFiniteGuard, weights_finite
 from lerobot_kit.core.run.progress import Progress
 from lerobot_kit.core.run.tracking import Tracker
-from lerobot_kit.core.run.metrics_log import append_row, drop_rows_after
 
 logger = logging.getLogger("lerobot_kit")
 
@@ -66,12 +66,14 @@ class Trainer:
         policy = unwrapped_policy(run.parallel.model)
         assert isinstance(policy, Policy), type(policy)
         self.policy = policy
-        self.saver = CheckpointSaver(run)
+        self.saver = CheckpointSaver(run.checkpoint_state, SaveSettings(
+            config.async_checkpoint, config.keep_last_checkpoints, config.parallelism.timeout_s
+        ))
         self.guards = RunGuards(run)  # stop on signals, hang watchdog: around the loop, not in it
         # Non-finite loss or gradient norm: inside the step, between clipping and the update.
         self.nonfinite = NonFiniteGuard(config, run.ctx, scaled=run.scaler is not None)
         # Called with the step number after each step, its log line and its checkpoint; each
-        # hook decides whether the step is its own (evaluation: core.eval.training).
+        # hook decides whether the step is its own (evaluation: core.run.evaluation).
         self.step_hooks = list(step_hooks)
 
     def _is_sync_step(self, step: int) -> bool:

@@ -27,7 +27,7 @@ from _dist_util import describe, start_ranks
 from checkpoint_state import assert_same_state, crashed_copy, full_optimizer, losses
 from conftest import PARITY_ACT, TINY_ACT, launch_env, run_cli, script, torchrun_train
 from inotify_watch import IN_CREATE, IN_MODIFY, IN_MOVED_FROM, IN_OPEN, Watch
-from lerobot_kit.core.checkpoint.manifest import read_manifest, saved_files, verify_manifest, write_manifest
+from lerobot_kit.core.layout.manifest import read_manifest, saved_files, verify_manifest, write_manifest
 from lerobot_kit.core.checkpoint.training_state import load_full_optimizer
 
 PROBE = Path(__file__).resolve().parents[1] / "probes" / "restore_probe.py"
@@ -96,7 +96,7 @@ def test_fsdp_resume_is_bitwise_exact_in_every_format(tmp_path, straight_fsdp2, 
 
 
 def test_gathered_weights_load_with_plain_safetensors_and_shards_with_torch_readers(tmp_path, straight_fsdp2):
-    from lerobot_kit.core.model.policy import load_pretrained
+    from lerobot_kit.core.checkpoint.pretrained import load_pretrained
 
     step = straight_fsdp2 / "checkpoints/000006/pretrained_model"
     gathered = load_file(step / "model.safetensors")

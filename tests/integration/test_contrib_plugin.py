@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from checkpoint_state import crashed_copy, losses
 from conftest import REPO, run_cli, torchrun_train
-from lerobot_kit.core.checkpoint.manifest import write_manifest
+from lerobot_kit.core.layout.manifest import write_manifest
 from lerobot_kit.core.registry.registry import reset_registry
 
 CONTRIB = REPO / "contrib" / "lerobot-kit-mlp"
@@ -195,7 +195,7 @@ def test_fp16_format_stores_a_peft_adapter_with_no_code_of_its_own(plugin, tmp_p
     from lerobot_kit.api import model_weights
     from lerobot_kit.core.config.schema import PeftConfig
     from lerobot_kit.core.model.peft import saved_key_map, wrap_policy
-    from lerobot_kit.core.model.policy import save_pretrained
+    from lerobot_kit.core.checkpoint.pretrained import save_pretrained
     from lerobot_kit_mlp.configuration import PendulumDatasetConfig, ResidualMLPConfig
     from lerobot_kit_mlp.dataset import make_pendulum_dataset
     from lerobot_kit_mlp.format import Fp16SafetensorsFormat

@@ -29,8 +29,8 @@ from conftest import BIN, launch_env, run_cli  # noqa: E402
 from fake_hub import hub_env, serve_fake_hub, unreachable_endpoint  # noqa: E402
 from lerobot_kit.core.offline.convert import convert_dcp
 from lerobot_kit.core.offline.dcp_chunks import row_blocks
-from lerobot_kit.core.offline.dcp_metadata import read_dcp_metadata, tensor_entries
-from lerobot_kit.core.checkpoint.paths import (
+from lerobot_kit.core.layout.dcp_metadata import read_dcp_metadata, tensor_entries
+from lerobot_kit.core.layout.paths import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
     DCP_METADATA,
@@ -39,7 +39,7 @@ from lerobot_kit.core.checkpoint.paths import (
     POLICY_CONFIG,
     PRETRAINED_DIR,
 )
-from lerobot_kit.core.checkpoint.stored_weights import StoredWeights
+from lerobot_kit.core.layout.stored_weights import StoredWeights
 from lerobot_kit.core.errors import CheckpointError
 from records import write_record
 

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import read_metrics, torchrun_train
-from lerobot_kit.core.model.policy import load_pretrained
+from lerobot_kit.core.checkpoint.pretrained import load_pretrained
 from lerobot_kit.plugins.policies.diffusion.modeling import DiffusionPolicy
 
 

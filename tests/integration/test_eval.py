@@ -98,7 +98,7 @@ def test_a_camera_policy_needs_the_camera_and_evaluates_with_it(tmp_path):
 def test_a_peft_checkpoint_evaluates_as_its_merged_policy_and_as_during_training(act, tmp_path):
     """The adapter checkpoint, the plain model merged from it and the run's own evaluation of
     its last step (a copy of the PEFT model, merged) give the same episodes."""
-    from lerobot_kit.core.model.policy import merge_adapter
+    from lerobot_kit.core.checkpoint.pretrained import merge_adapter
 
     common = ["--eval.n_episodes=3", "--eval.max_episodes_rendered=0", *SHORT]
     run = train(tmp_path, "lora", f"--policy.path={act}", "--peft.method_type=LORA", "--peft.r=4",

@@ -22,9 +22,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
-from lerobot_kit.core.checkpoint import paths as L
-from lerobot_kit.core.checkpoint.manifest import write_manifest
-from lerobot_kit.core.offline.dcp_metadata import TORCH_DTYPE_ITEMSIZE, UnsafeMetadataError, read_dcp_metadata
+from lerobot_kit.core.layout import paths as L
+from lerobot_kit.core.layout.manifest import write_manifest
+from lerobot_kit.core.layout.dcp_metadata import TORCH_DTYPE_ITEMSIZE, UnsafeMetadataError, read_dcp_metadata
 from lerobot_kit.core.offline.inspect import inspect_checkpoint
 from lerobot_kit.core.errors import CheckpointError
 

@@ -16,12 +16,12 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 
 from conftest import launch_env, run_cli
-from lerobot_kit.core.checkpoint import paths as L
-from lerobot_kit.core.checkpoint.manifest import file_digest, read_manifest, write_manifest
-from lerobot_kit.core.checkpoint.training_step import rewrite_weights_kind
+from lerobot_kit.core.layout import paths as L
+from lerobot_kit.core.layout.manifest import file_digest, read_manifest, write_manifest
+from lerobot_kit.core.layout.training_step import rewrite_weights_kind
 from lerobot_kit.core.errors import CheckpointError
 from lerobot_kit.core.offline.convert import convert_dcp
-from lerobot_kit.core.offline.dcp_metadata import read_dcp_metadata
+from lerobot_kit.core.layout.dcp_metadata import read_dcp_metadata
 from lerobot_kit.core.offline.inspect import inspect_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -208,7 +208,7 @@ def test_a_shard_the_conversion_cannot_decode_is_reported_as_differing(step_dir:
 
 
 def test_a_failure_while_hashing_the_shards_is_one_line(step_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from lerobot_kit.core.checkpoint import manifest
+    from lerobot_kit.core.layout import manifest
 
     hash_file = manifest.file_digest
 

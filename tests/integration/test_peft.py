@@ -90,7 +90,7 @@ def expected_adapter_keys(step: Path) -> set[str]:
     """What peft itself would save for this run's settings: the saved names of a freshly wrapped base."""
     from lerobot_kit.core.config.flags import load_train_config_file
     from lerobot_kit.core.model.peft import base_path_of, saved_key_map, wrap_policy
-    from lerobot_kit.core.model.policy import load_pretrained
+    from lerobot_kit.core.checkpoint.pretrained import load_pretrained
 
     config = load_train_config_file(step / "pretrained_model" / "train_config.json")
     policy, _, _ = load_pretrained(Path(str(config.policy.path)))
@@ -102,7 +102,7 @@ def reproduced_loss(step: Path, scratch: Path) -> float:
     from lerobot_kit.core.offline.convert import convert_dcp
     from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
     from lerobot_kit.core.config.flags import load_train_config_file
-    from lerobot_kit.core.model.policy import load_peft_model
+    from lerobot_kit.core.checkpoint.pretrained import load_peft_model
     from lerobot_kit.core.data.build import build_dataset
 
     config = load_train_config_file(step / "pretrained_model" / "train_config.json")
@@ -171,7 +171,7 @@ def test_loading_the_adapter_gives_the_base_unchanged_and_peft_agrees(runs, base
     """load_pretrained (merged), our unmerged loader, peft's own loader and merge_adapter agree."""
     from peft import PeftModel, get_base_model_state_dict
 
-    from lerobot_kit.core.model.policy import load_peft_model, load_pretrained, merge_adapter
+    from lerobot_kit.core.checkpoint.pretrained import load_peft_model, load_pretrained, merge_adapter
 
     pretrained = step_dir(runs["hsdp2x2"], STEPS) / "pretrained_model"
     ours, pre, _ = load_peft_model(pretrained)
@@ -288,7 +288,7 @@ def _bf16_base_with_trained_norms(base: Path, mixed_precision: str):
     """A bf16 base with its LayerNorms trained in full: peft keeps LoRA in fp32 beside bf16 norm copies."""
     from lerobot_kit.core.config.schema import PeftConfig, TrainConfig
     from lerobot_kit.core.model.peft import align_trainable_dtypes, base_path_of, wrap_policy
-    from lerobot_kit.core.model.policy import load_pretrained
+    from lerobot_kit.core.checkpoint.pretrained import load_pretrained
     from lerobot_kit.core.parallel.dims import ParallelDims
     from lerobot_kit.core.parallel.wrap_units import resolve_wrap_units
     from lerobot_kit.plugins.policies.act.modeling import ACTPolicy
@@ -333,7 +333,7 @@ def test_other_methods_train_save_and_load(base, tmp_path, method):
     from lerobot_kit.core.checkpoint.weights import write_gathered
     from lerobot_kit.core.config.schema import PeftConfig
     from lerobot_kit.core.model.peft import base_path_of, model_weights, wrap_policy
-    from lerobot_kit.core.model.policy import load_peft_model, load_pretrained, save_pretrained
+    from lerobot_kit.core.checkpoint.pretrained import load_peft_model, load_pretrained, save_pretrained
     from lerobot_kit.plugins.datasets.reach.plugin import ReachDatasetConfig
     from lerobot_kit.plugins.datasets.reach.data import make_reach_dataset
 
@@ -366,7 +366,7 @@ def test_other_methods_train_save_and_load(base, tmp_path, method):
 def test_plan_counts_only_the_adapters_as_trainable(base, runs):
     """``lerobot plan`` with --peft.*: the frozen base holds no gradients nor AdamW state;
     the trainable count equals what the real run saved as its adapter."""
-    from lerobot_kit.core.offline.dcp_metadata import read_dcp_metadata, tensor_entries
+    from lerobot_kit.core.layout.dcp_metadata import read_dcp_metadata, tensor_entries
 
     adapter = load_file(runs["single"] / "checkpoints" / f"{STEPS:06d}" / "pretrained_model" / "adapter_model.safetensors")
     trained = sum(t.numel() for t in adapter.values())

@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from lerobot_kit.core.config.flags import parse_train_config  # noqa: E402
 from lerobot_kit.core.data.build import build_dataset  # noqa: E402
-from lerobot_kit.core.model.build import build_model  # noqa: E402
+from lerobot_kit.core.run.assemble import build_model  # noqa: E402
 from lerobot_kit.core.model.processor import make_processors  # noqa: E402
 from lerobot_kit.core.plan.memory_plan import plan_run  # noqa: E402
 from lerobot_kit.core.parallel.precision import autocast_dtype  # noqa: E402

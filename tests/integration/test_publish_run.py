@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from _dist_util import clean_env
 from conftest import TINY_ACT, run_cli, torchrun_train
 from fake_hub import hub_env, serve_fake_hub
-from lerobot_kit.core.checkpoint.paths import DCP_MODEL_DIR, MODEL_WEIGHTS, PRETRAINED_DIR
+from lerobot_kit.core.layout.paths import DCP_MODEL_DIR, MODEL_WEIGHTS, PRETRAINED_DIR
 
 
 def _files(folder: Path) -> dict[str, bytes]:

@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from checkpoint_state import full_weights
 from conftest import TINY_ACT, launch_env, run_cli, torchrun_train
-from lerobot_kit.core.checkpoint.manifest import MANIFEST, write_manifest
+from lerobot_kit.core.layout.manifest import MANIFEST, write_manifest
 
 SMALL_DATA = ["--dataset.num_episodes=2", "--dataset.episode_length=20"]
 STEP = "checkpoints/000002"

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from lerobot_kit.core.checkpoint import paths as L
+from lerobot_kit.core.layout import paths as L
 from lerobot_kit.core.data.dataset import DatasetMeta
 from lerobot_kit.core.errors import CheckpointError, PluginError
-from lerobot_kit.core.model.policy import load_pretrained, make_policy, save_pretrained
+from lerobot_kit.core.model.policy import make_policy
+from lerobot_kit.core.checkpoint.pretrained import load_pretrained, save_pretrained
 from lerobot_kit.core.model.processor import make_processors
 from lerobot_kit.plugins.datasets.reach.plugin import ReachDatasetConfig
 from lerobot_kit.plugins.datasets.reach.data import make_reach_dataset
@@ -128,7 +129,7 @@ def test_meta_survives_json(trained, tmp_path: Path) -> None:
 
 
 def test_load_pretrained_weights_into_a_fresh_policy(trained, tmp_path: Path) -> None:
-    from lerobot_kit.core.model.policy import load_pretrained_weights
+    from lerobot_kit.core.checkpoint.pretrained import load_pretrained_weights
 
     dataset, policy, _, _ = trained
     _save(trained, tmp_path / "000003" / L.PRETRAINED_DIR)

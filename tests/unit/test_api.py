@@ -53,7 +53,7 @@ def test_every_stable_name_is_exported_and_resolves() -> None:
 def test_flags_to_dataset_to_policy_to_reloaded_policy(tmp_path: Path) -> None:
     import torch
 
-    from lerobot_kit.core.model.policy import save_pretrained
+    from lerobot_kit.core.checkpoint.pretrained import save_pretrained
     from lerobot_kit.core.model.processor import make_processors
 
     config = api.parse_train_config(

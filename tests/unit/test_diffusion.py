@@ -14,7 +14,8 @@ from safetensors.torch import load_file
 from conftest import assert_meta_build_equals_cpu_build
 from lerobot_kit.core.config.schema import PolicyConfig
 from lerobot_kit.core.errors import ConfigError
-from lerobot_kit.core.model.policy import load_pretrained, make_policy, save_pretrained
+from lerobot_kit.core.model.policy import make_policy
+from lerobot_kit.core.checkpoint.pretrained import load_pretrained, save_pretrained
 from lerobot_kit.core.model.processor import make_processors
 from lerobot_kit.plugins.datasets.reach.plugin import ReachDatasetConfig
 from lerobot_kit.plugins.datasets.reach.data import make_reach_dataset

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lerobot_kit.core.config.flags import parse_train_config
-from lerobot_kit.core.data.options import DEFAULT_TRANSFORMS, ImageTransformsConfig
+from lerobot_kit.core.config.data_options import DEFAULT_TRANSFORMS, ImageTransformsConfig
 from lerobot_kit.core.data.transforms import (
     ImageAugmentation,
     adjust_brightness,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lerobot_kit.core.checkpoint.manifest import (
+from lerobot_kit.core.layout.manifest import (
     MANIFEST,
     NoManifestError,
     file_digest,
@@ -96,5 +96,5 @@ def test_no_manifest_is_told_apart_from_damage(step_dir: Path) -> None:
 
 
 def test_module_does_not_import_torch() -> None:
-    code = "import sys, lerobot_kit.core.checkpoint.manifest; assert 'torch' not in sys.modules"
+    code = "import sys, lerobot_kit.core.layout.manifest; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

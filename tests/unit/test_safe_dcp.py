@@ -16,7 +16,7 @@ import torch.distributed.checkpoint as dcp
 
 from lerobot_kit.core.checkpoint.safe_dcp import UnsafeShardEntryError, load_dcp, torch_metadata
 from lerobot_kit.core.errors import CheckpointError
-from lerobot_kit.core.offline.dcp_metadata import UnsafeMetadataError, read_dcp_metadata
+from lerobot_kit.core.layout.dcp_metadata import UnsafeMetadataError, read_dcp_metadata
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

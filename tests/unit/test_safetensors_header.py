@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from lerobot_kit.core.errors import CheckpointError
-from lerobot_kit.core.offline.safetensors_header import read_safetensors_header
+from lerobot_kit.core.layout.safetensors_header import read_safetensors_header
 
 
 def _raw_safetensors(path: Path, header: dict[str, Any], data: bytes, header_len: int | None = None) -> Path:

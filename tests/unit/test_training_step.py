@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from lerobot_kit.core.checkpoint import paths
-from lerobot_kit.core.checkpoint.training_step import (
+from lerobot_kit.core.layout import paths
+from lerobot_kit.core.layout.training_step import (
     SamplerPosition,
     Topology,
     TrainingStep,
@@ -123,7 +123,7 @@ def test_rewriting_the_weights_kind_keeps_every_other_key(tmp_path: Path) -> Non
 
 
 def test_importing_the_record_imports_no_torch() -> None:
-    code = "import sys, lerobot_kit.core.checkpoint.training_step, lerobot_kit.core.checkpoint.stored_weights; " \
+    code = "import sys, lerobot_kit.core.layout.training_step, lerobot_kit.core.layout.stored_weights; " \
            "print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from lerobot_kit.core.checkpoint import paths
-from lerobot_kit.core.checkpoint.stored_weights import StoredWeights
+from lerobot_kit.core.layout import paths
+from lerobot_kit.core.layout.stored_weights import StoredWeights
 from lerobot_kit.core.checkpoint.weights import (
     ModelWeights,
     load_any_weights,
@@ -21,7 +21,7 @@ from lerobot_kit.core.checkpoint.weights import (
 )
 from lerobot_kit.core.errors import CheckpointError
 from lerobot_kit.core.model.peft import model_weights
-from lerobot_kit.core.model.policy import load_pretrained_weights
+from lerobot_kit.core.checkpoint.pretrained import load_pretrained_weights
 from lerobot_kit.core.registry.registry import get_registry, reset_registry
 from plugin_dists import make_distribution
 from records import write_record

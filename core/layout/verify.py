@@ -11,9 +11,9 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from lerobot_kit.core.checkpoint.manifest import MANIFEST, has_manifest, read_manifest, verify_manifest
-from lerobot_kit.core.checkpoint.paths import PRETRAINED_DIR, TRAINING_STATE_DIR, TRAINING_STEP
 from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.core.layout.manifest import MANIFEST, has_manifest, read_manifest, verify_manifest
+from lerobot_kit.core.layout.paths import PRETRAINED_DIR, TRAINING_STATE_DIR, TRAINING_STEP
 
 logger = logging.getLogger("lerobot_kit")
 

@@ -36,7 +36,8 @@ def build_model(spec: RunSpec, meta: DatasetMeta, device: torch.device) -> Built
     base (its checkpoints hold only the adapter) and wraps it here, on every rank alike,
     so FSDP later shards the frozen base and the adapters together.
     """
-    from lerobot_kit.core.model.policy import load_pretrained_weights, make_policy
+    from lerobot_kit.core.checkpoint.pretrained import load_pretrained_weights
+    from lerobot_kit.core.model.policy import make_policy
 
     config = spec.config
     on_meta = device.type == "meta"

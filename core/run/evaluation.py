@@ -21,15 +21,15 @@ from pathlib import Path
 
 import torch
 
-from lerobot_kit.core.checkpoint.paths import step_dir_name
 from lerobot_kit.core.eval.evaluate import Evaluator
 from lerobot_kit.core.eval.metrics import metrics_row, summary
-from lerobot_kit.core.model.build import build_model
+from lerobot_kit.core.layout.paths import step_dir_name
 from lerobot_kit.core.model.peft import is_peft_model
 from lerobot_kit.core.model.policy import Policy
+from lerobot_kit.core.run.assemble import build_model
 from lerobot_kit.core.run.components import RunComponents
-from lerobot_kit.core.run.tracking import Tracker
 from lerobot_kit.core.run.metrics_log import append_row
+from lerobot_kit.core.run.tracking import Tracker
 
 logger = logging.getLogger("lerobot_kit")
 

@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from lerobot_kit.core.checkpoint import paths
-from lerobot_kit.core.checkpoint.atomic import fsync_dir
 from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.core.layout import paths
+from lerobot_kit.core.layout.atomic import fsync_dir
 
 WEIGHTS_KINDS = ("gathered", "dcp", "gathered+dcp")
 OPTIMIZER_KINDS = ("safetensors", "dcp")

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TypeVar
 
-from lerobot_kit.core.checkpoint.paths import MANIFEST
 from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.core.layout.paths import MANIFEST
 
 ALGORITHM = "sha256"
 _CHUNK = 1 << 20

@@ -17,15 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from lerobot_kit.core.checkpoint.paths import (
+from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.core.layout.paths import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
     DCP_MODEL_DIR,
     MODEL_WEIGHTS,
     PRETRAINED_DIR,
 )
-from lerobot_kit.core.checkpoint.training_step import recorded_training_step
-from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.core.layout.training_step import recorded_training_step
 
 UNRECORDED_FORMAT = "safetensors"  # the format save_pretrained's files are in
 
@@ -63,7 +63,7 @@ class StoredWeights:
         if self.adapter:
             raise CheckpointError(
                 f"{self.folder} holds a PEFT adapter, not full weights; load it with load_pretrained, or merge it "
-                "into a plain model.safetensors with lerobot_kit.core.model.policy.merge_adapter"
+                "into a plain model.safetensors with lerobot_kit.core.checkpoint.pretrained.merge_adapter"
             )
         raise CheckpointError(f"{self.folder} holds full weights ({MODEL_WEIGHTS}), not a PEFT adapter")
 

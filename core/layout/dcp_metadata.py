@@ -16,8 +16,8 @@ from collections import OrderedDict
 from pathlib import Path, PurePath, PurePosixPath, PureWindowsPath
 from typing import Any, NamedTuple
 
-from lerobot_kit.core.checkpoint.paths import DCP_METADATA
 from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.core.layout.paths import DCP_METADATA
 
 
 class UnsafeMetadataError(CheckpointError):

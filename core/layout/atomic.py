@@ -14,8 +14,8 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from lerobot_kit.core.checkpoint import paths
-from lerobot_kit.core.checkpoint.manifest import FileDigest, write_manifest
+from lerobot_kit.core.layout import paths
+from lerobot_kit.core.layout.manifest import FileDigest, write_manifest
 
 
 def temp_step_dir(output_dir: Path, step: int) -> Path:

@@ -1,0 +1,1 @@
+"""The checkpoint on disk, torch-free: every file name, which files each kind of checkpoint holds, the records and checksums written beside them, and crash-safe publishing; what the writer, the restore and inspect-checkpoint all read."""
