@@ -147,7 +147,11 @@ def test_stats_come_from_stats_json_else_are_computed(tmp_path: Path) -> None:
     assert meta.stats[IMAGE_KEY]["std"].ravel().tolist() == [0.25, 0.5, 0.75]
     assert meta.stats[ACTION_KEY]["max"].dtype == np.float32
     assert np.allclose(meta.stats[ACTION_KEY]["max"], written.action.max(0))
-    assert set(meta.stats) == {STATE_KEY, ACTION_KEY, IMAGE_KEY}  # q01/count extras and timestamp ignored
+    assert set(meta.stats) == {STATE_KEY, ACTION_KEY, IMAGE_KEY}  # count extras and timestamp ignored
+    # The quantiles LeRobot writes are kept, shaped like the other stats (QUANTILES normalisation reads them).
+    assert set(meta.stats[ACTION_KEY]) == {"mean", "std", "min", "max", "q01", "q99"}
+    assert np.allclose(meta.stats[ACTION_KEY]["q99"], np.quantile(written.action, 0.99, axis=0))
+    assert meta.stats[IMAGE_KEY]["q01"].shape == (3, 1, 1)
 
     stats_file.unlink()
     computed = load(tmp_path).meta.stats
