@@ -54,6 +54,8 @@ class Joint(nn.Module):
         self.tower_a = nn.ModuleList(Layer(DA) for _ in range(DEPTH))
         self.tower_b = nn.ModuleList(Layer(DB) for _ in range(DEPTH))
         self.head = nn.Linear(DB, OUT)
+        # In no state dict (like rotary frequencies): a meta-built rank must still get its values.
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, DB), persistent=False)
         for a, b in zip(self.tower_a, self.tower_b):
             a.joint = functools.partial(joint_layer, layers=(a, b))
 
@@ -64,7 +66,7 @@ class Joint(nn.Module):
         a, b = self.inp_a(x), self.inp_b(x)
         for layer in self.tower_a:
             a, b = layer.joint(a, b)
-        return self.head(b).mean(dim=1)
+        return self.head(b * self.scale).mean(dim=1)
 
     def init_weights(self) -> None:
         for module in self.modules():

@@ -96,3 +96,22 @@ def broadcast_initial_weights(parallel: Parallelized, full_state: dict[str, torc
     set_model_state_dict(
         parallel.model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     )
+    # Non-persistent buffers (rotary frequencies, position ids) are in no state dict, and
+    # to_empty left them uninitialised on ranks built on meta: they too come from the main
+    # process, which built them. FSDP never shards buffers, so each is whole on every rank.
+    for buffer in non_persistent_buffers(parallel.model):
+        staged = buffer.to(parallel.device)  # the backend's device (cpu_offload may keep buffers on the host)
+        dist.broadcast(staged, src=0)
+        if staged is not buffer:
+            buffer.copy_(staged)
+
+
+def non_persistent_buffers(model: nn.Module) -> list[torch.Tensor]:
+    """Every non-persistent buffer of ``model``, once each, in module order (the same on every rank)."""
+    found = (
+        buffer
+        for module in model.modules()
+        for name, buffer in module.named_buffers(recurse=False)
+        if name in module._non_persistent_buffers_set
+    )
+    return list({id(b): b for b in found if b is not None}.values())

@@ -134,7 +134,9 @@ def declared_groups(model: nn.Module) -> tuple[list[UnitGroup], list[str]]:
     Refuses groups whose modules do not exist, overlap, or whose method is missing: a
     wrong declaration must fail at start-up, not as a shape error deep in a forward.
     """
-    owner = next(((path, m) for path, m in model.named_modules() if callable(getattr(m, "fsdp_unit_groups", None))),
+    # Looked up on the class: a PEFT wrapper forwards unknown attributes to the model it wraps,
+    # so asking instances would find the policy's method on the wrapper, with the wrong prefix.
+    owner = next(((path, m) for path, m in model.named_modules() if callable(getattr(type(m), "fsdp_unit_groups", None))),
                  None)
     if owner is None:
         return [], []

@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests folder, when run as a rank worker
 from _dist_util import run_ranks  # noqa: E402
-from joint_toy import DA, DEPTH, joint_batch, joint_loss, make_joint  # noqa: E402
+from joint_toy import DA, DB, DEPTH, Joint, joint_batch, joint_loss, make_joint  # noqa: E402
 from lerobot_kit.core.config.schema import AcceleratorConfig, FSDPConfig, ParallelismConfig  # noqa: E402
 from lerobot_kit.core.distributed.process_group import DistContext, all_reduce_mean, init_distributed, shutdown  # noqa: E402
 from lerobot_kit.core.parallel.activation_checkpointing import is_checkpointed  # noqa: E402
@@ -82,6 +82,22 @@ def sharded_run(ctx: DistContext, accel: AcceleratorConfig) -> dict[str, Any]:
     return train(parallelize(model, wrap, dims, accel, ctx.device, weights_from_main=False), ctx)
 
 
+def meta_built_rank(ctx: DistContext) -> dict[str, Any]:
+    """Rank 0 builds the model, rank 1 only its shapes (meta); the main process's weights and
+    non-persistent buffer reach rank 1 through the initial broadcast."""
+    dims = ParallelDims.resolve(ParallelismConfig(dp_shard=ctx.world_size), ctx.world_size)
+    if ctx.rank == 0:
+        model = make_joint()
+    else:
+        with torch.device("meta"):
+            model = Joint()
+    accel = AcceleratorConfig()
+    p = parallelize(model, resolve_wrap_units(model, dims, accel, None), dims, accel, ctx.device, weights_from_main=True)
+    run = train(p, ctx)
+    run["scale"] = p.model.scale.tolist()
+    return run
+
+
 def layers_as_plain_units(ctx: DistContext) -> str:
     """The layers sharded as ordinary units by class, no groups: their hooks never fire."""
     dims = ParallelDims.resolve(ParallelismConfig(dp_shard=ctx.world_size), ctx.world_size)
@@ -101,11 +117,16 @@ def job(ctx: DistContext) -> dict[str, Any]:
     return {
         "fsdp": sharded_run(ctx, AcceleratorConfig()),
         "fsdp_ac": sharded_run(ctx, AcceleratorConfig(activation_checkpointing=True)),
+        "meta_built": meta_built_rank(ctx),
         "plain_units": layers_as_plain_units(ctx),
     }
 
 
 # ----------------------------------------------------------------------------- pytest side
+
+
+def reference_scale() -> list[float]:
+    return torch.linspace(0.5, 1.5, DB).tolist()
 
 
 @pytest.fixture(scope="module")
@@ -125,12 +146,14 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("key", ["fsdp", "fsdp_ac"])
+@pytest.mark.parametrize("key", ["fsdp", "fsdp_ac", "meta_built"])
 def test_pairs_run_by_a_method_shard_and_train_like_one_process(key: str, ranks: list[dict], reference: dict):
     for rank in ranks:
         run = rank[key]
         assert run["groups"] == [f"tower_a.{i}+tower_b.{i}" for i in range(DEPTH)]
         assert run["checkpointed"] == (key == "fsdp_ac")
+        if key == "meta_built":
+            assert run["scale"] == reference_scale()
         # Gathered in full while the pair ran, a shard of half the rows after the step.
         assert run["during_compute"] == ["Parameter", [8, DA]]
         assert run["after_step"] == ["DTensor", [4, DA]]
