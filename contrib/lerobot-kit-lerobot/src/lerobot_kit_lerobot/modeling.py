@@ -18,6 +18,8 @@ processor files next to lerobot-kit's own (``dataset_meta.json``, ``train_config
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -27,8 +29,11 @@ from lerobot.policies.factory import get_policy_class, make_pre_post_processors
 from lerobot.policies.pretrained import PreTrainedPolicy
 from torch import Tensor
 
-from lerobot_kit.api import DatasetMeta, PluginError, Policy, PolicyProcessor
+from lerobot_kit.api import ConfigError, DatasetMeta, PluginError, Policy, PolicyProcessor, UnitGroup
+from lerobot_kit_lerobot import joint
 from lerobot_kit_lerobot.configuration import LerobotPolicyConfig
+from lerobot_kit_lerobot.flow_noise import PerSampleDraws
+from lerobot_kit_lerobot.pi_overrides import modeling_module, pi_sizes, pi_tokenizer
 from lerobot_kit_lerobot.lerobot_config import to_lerobot_config
 from lerobot_kit_lerobot.processors import LerobotProcessor
 from lerobot_kit_lerobot.schema_gen import check_schema
@@ -39,6 +44,9 @@ class LerobotPolicy(Policy):
 
     config_class = LerobotPolicyConfig
     lerobot_type: ClassVar[str]
+    # Whether LeRobot's constructor can run on the meta device (shapes only); else a meta
+    # build is a CPU build moved there (see build_lerobot_policy).
+    builds_on_meta: ClassVar[bool] = False
     config: LerobotPolicyConfig
 
     def __init__(self, config: LerobotPolicyConfig, meta: DatasetMeta) -> None:
@@ -47,7 +55,7 @@ class LerobotPolicy(Policy):
         super().__init__(config, meta)
         check_schema(self.lerobot_type)
         self.lerobot_config = to_lerobot_config(config, meta)
-        lerobot_policy = build_lerobot_policy(self.lerobot_config)
+        lerobot_policy = self.build_lerobot()
         own = [name for name, _ in lerobot_policy.named_parameters(recurse=False)]
         own += [name for name, _ in lerobot_policy.named_buffers(recurse=False)]
         if own:
@@ -59,12 +67,27 @@ class LerobotPolicy(Policy):
             self.add_module(name, child)
         object.__setattr__(self, "lerobot", lerobot_policy)  # unregistered: see the module doc
 
+    def build_lerobot(self) -> PreTrainedPolicy:
+        """LeRobot's policy for this config, on the current default device."""
+        with self.construction():
+            return build_lerobot_policy(self.lerobot_config, on_meta=self.builds_on_meta)
+
+    def construction(self) -> contextlib.AbstractContextManager[None]:
+        """What LeRobot's constructor runs inside (the bridge's size flags, for some types)."""
+        return contextlib.nullcontext()
+
     @classmethod
     def make_processors(cls, config: LerobotPolicyConfig, meta: DatasetMeta) -> tuple[PolicyProcessor, PolicyProcessor]:
         """LeRobot's own pipelines for this policy, normalising with the dataset's stats."""
         stats = {key: {name: torch.as_tensor(value) for name, value in stats.items()} for key, stats in meta.stats.items()}
-        pre, post = make_pre_post_processors(to_lerobot_config(config, meta), dataset_stats=stats)
+        with cls.processor_construction(config):
+            pre, post = make_pre_post_processors(to_lerobot_config(config, meta), dataset_stats=stats)
         return LerobotProcessor(pre), LerobotProcessor(post)
+
+    @classmethod
+    def processor_construction(cls, config: LerobotPolicyConfig) -> contextlib.AbstractContextManager[None]:
+        """What LeRobot's processor factory runs inside (the bridge's tokenizer flag, for some types)."""
+        return contextlib.nullcontext()
 
     def save_config(self, directory: Path) -> None:
         """LeRobot's ``config.json``, as LeRobot writes it (its ``from_pretrained`` reads it)."""
@@ -73,7 +96,8 @@ class LerobotPolicy(Policy):
     def init_weights(self) -> None:
         """Build LeRobot's policy afresh from the current RNG and take its weights: what
         construction does, so a meta-device build equals a CPU build from the same seed."""
-        fresh = build_lerobot_policy(self.lerobot_config)
+        with torch.device("cpu"):
+            fresh = self.build_lerobot()
         self.load_state_dict(fresh.state_dict(), strict=True)
 
     def train(self, mode: bool = True) -> LerobotPolicy:
@@ -82,8 +106,11 @@ class LerobotPolicy(Policy):
         return self
 
     def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        """LeRobot's loss and its scalar metrics; its ``loss`` entry is left out, because the
+        run logs the loss it trains on (weighted across ranks where ``loss_weight`` says so)."""
         loss, logs = self.lerobot.forward(batch)
-        return loss, {name: torch.as_tensor(value).detach() for name, value in (logs or {}).items() if _scalar(value)}
+        metrics = {name: value for name, value in (logs or {}).items() if name != "loss" and _scalar(value)}
+        return loss, {name: torch.as_tensor(value).detach() for name, value in metrics.items()}
 
     @torch.no_grad()
     def predict_action_chunk(self, batch: dict[str, Tensor]) -> Tensor:
@@ -97,20 +124,30 @@ class LerobotPolicy(Policy):
         self.lerobot.reset()
 
 
-def build_lerobot_policy(lerobot_config: PreTrainedConfig) -> PreTrainedPolicy:
+def build_lerobot_policy(lerobot_config: PreTrainedConfig, *, on_meta: bool = False) -> PreTrainedPolicy:
     """LeRobot's policy class for the config, constructed as LeRobot's ``make_policy`` does
-    for a fresh policy (but left on the CPU, or on the meta device).
+    for a fresh policy (but left on the current default device: the CPU, or meta).
 
-    A sharded run builds the model on the meta device on all ranks but the main one. A
-    LeRobot policy cannot be built there: its constructors run the backbone on a dummy
-    image to size the next layer, and keep tensors outside their modules (Diffusion's
-    noise-scheduler tables) that nothing would fill later. So a meta build is a CPU build
-    whose parameters and buffers then move to the meta device (the main process
-    broadcasts their values), as every rank of LeRobot's own distributed training builds
-    the whole model.
+    A sharded run builds the model on the meta device on all ranks but the main one.
+    ACT and Diffusion cannot be built there: their constructors run the backbone on a
+    dummy image to size the next layer, and keep tensors outside their modules
+    (Diffusion's noise-scheduler tables) that nothing would fill later. So their meta
+    build is a CPU build whose parameters and buffers then move to the meta device (the
+    main process broadcasts their values), as every rank of LeRobot's own distributed
+    training builds the whole model. The VLA policies (``on_meta``) build on meta itself
+    — π0.5 has 4 B parameters — with LeRobot's ``config.device`` set to where they are
+    built for the construction (their constructors move the model there).
     """
     policy_class = get_policy_class(lerobot_config.type)
-    if torch.get_default_device().type != "meta":
+    device = torch.get_default_device()
+    if on_meta:
+        recorded = lerobot_config.device
+        lerobot_config.device = str(device)
+        try:
+            return policy_class(config=lerobot_config)
+        finally:
+            lerobot_config.device = recorded
+    if device.type != "meta":
         return policy_class(config=lerobot_config)
     with torch.device("cpu"):
         policy = policy_class(config=lerobot_config)
@@ -155,3 +192,118 @@ class LerobotDiffusion(LerobotPolicy):
         ranks are weighted by their valid action entries, as for ACT."""
         masked = self.lerobot_config.do_mask_loss_for_padding and "action_is_pad" in batch
         return valid_actions(batch) if masked else None
+
+
+class LerobotVLA(LerobotPolicy):
+    """A vision-language-action policy of LeRobot (π0, π0.5, SmolVLA): a VLM and an action
+    expert whose layers attend jointly, trained by flow matching.
+
+    Sharding: the joint layers are unit groups run by their method (``joint``), the
+    vision tower's layers units by class, the token embedding and the (never called)
+    language-model heads units by path; what remains in the root is small (projections,
+    norms, the vision embeddings). Flow-matching noise and time are drawn per sample
+    (``flow_noise``), so training does not depend on how the batch is split.
+    """
+
+    builds_on_meta = True
+
+    def __init__(self, config: LerobotPolicyConfig, meta: DatasetMeta) -> None:
+        super().__init__(config, meta)
+        self.install_joint()
+        self.draws = PerSampleDraws(self.lerobot.model, seed=torch.initial_seed())
+
+    def install_joint(self) -> None:
+        raise NotImplementedError
+
+    def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        with self.draws.for_batch(batch) if self.training else contextlib.nullcontext():
+            return super().forward(batch)
+
+
+class LerobotPi(LerobotVLA):
+    """π0 and π0.5: PaliGemma (SigLIP + Gemma) and a Gemma action expert."""
+
+    _fsdp_wrap_modules = ["SiglipEncoderLayer"]
+    # LeRobot's own default (PI0Policy/PI05Policy._get_default_peft_targets): the expert's
+    # query and value projections and the action/state projections.
+    default_peft_targets = (
+        r"(.*\.gemma_expert\..*\.self_attn\.(q|v)_proj|model\.(state_proj|action_in_proj|action_out_proj|"
+        r"action_time_mlp_in|action_time_mlp_out))"
+    )
+
+    def construction(self) -> contextlib.AbstractContextManager[None]:
+        return pi_sizes(self.lerobot_type, self.config.sizes)  # type: ignore[attr-defined]
+
+    @classmethod
+    def processor_construction(cls, config: LerobotPolicyConfig) -> contextlib.AbstractContextManager[None]:
+        return pi_tokenizer(cls.lerobot_type, config.tokenizer_name)  # type: ignore[attr-defined]
+
+    @classmethod
+    def make_processors(cls, config: LerobotPolicyConfig, meta: DatasetMeta) -> tuple[PolicyProcessor, PolicyProcessor]:
+        check_quantile_stats(config, meta)
+        return super().make_processors(config, meta)
+
+    def install_joint(self) -> None:
+        joint.install_pi(self.model.paligemma_with_expert, modeling_module(self.lerobot_type))
+
+    def fsdp_unit_groups(self) -> list[UnitGroup]:
+        depth = len(self.model.paligemma_with_expert.paligemma.model.language_model.layers)
+        return joint.pi_unit_groups("model.paligemma_with_expert", depth)
+
+
+class LerobotPI0(LerobotPi):
+    lerobot_type = "pi0"
+
+
+class LerobotPI05(LerobotPi):
+    lerobot_type = "pi05"
+
+
+class LerobotSmolVLA(LerobotVLA):
+    """SmolVLA: SmolVLM (its vision encoder and first layers) and a smaller expert."""
+
+    lerobot_type = "smolvla"
+    _fsdp_wrap_modules = ["SmolVLMEncoderLayer"]
+    # LeRobot's own default (SmolVLAPolicy._get_default_peft_targets).
+    default_peft_targets = (
+        r"(model\.vlm_with_expert\.lm_expert\..*\.(q|v)_proj|model\.(state_proj|action_in_proj|action_out_proj|"
+        r"action_time_mlp_in|action_time_mlp_out))"
+    )
+
+    def install_joint(self) -> None:
+        flow = self.model
+        joint.install_smolvla(flow.vlm_with_expert)
+        # Plain tensor attributes of LeRobot's model (token ids), made where the model was
+        # built: on meta they would hold no values, and they are neither parameters nor buffers.
+        if flow.global_image_start_token.is_meta:
+            flow.global_image_start_token = torch.tensor(
+                [flow.fake_image_token, flow.global_image_token], dtype=torch.long, device="cpu"
+            )
+            flow.image_end_token = torch.tensor([flow.fake_image_token], dtype=torch.long, device="cpu")
+
+    def fsdp_unit_groups(self) -> list[UnitGroup]:
+        return joint.smolvla_unit_groups("model.vlm_with_expert", self.model.vlm_with_expert)
+
+    def loss_weight(self, batch: dict[str, Tensor]) -> Tensor | None:
+        """SmolVLA averages its loss over the valid (not padded) action entries of the batch
+        it sees, so ranks are weighted by theirs, as for ACT."""
+        return valid_actions(batch) if "action_is_pad" in batch else None
+
+
+def check_quantile_stats(config: LerobotPolicyConfig, meta: DatasetMeta) -> None:
+    """LeRobot's QUANTILES normalisation (π0.5's default for state and action) reads the
+    dataset's q01/q99 stats; refuse, before building anything, a dataset without them."""
+    modes = {"QUANTILES": ("q01", "q99"), "QUANTILE10": ("q10", "q90")}
+    mapping = config.normalization_mapping  # type: ignore[attr-defined]
+    features = {"STATE": [k for k in meta.features if k == "observation.state"], "ACTION": ["action"]}
+    for kind, keys in features.items():
+        needed = modes.get(str(mapping.get(kind)))
+        for key in keys:
+            missing = [name for name in needed or () if name not in meta.stats.get(key, {})]
+            if missing:
+                raise ConfigError(
+                    f"policy.type={config.type} normalises {key!r} by {mapping[kind]}, which needs the dataset's "
+                    f"{'/'.join(needed)} stats, but its meta/stats.json has no {'/'.join(missing)} for it: set "
+                    "--policy.normalization_mapping='{\"VISUAL\": \"IDENTITY\", \"STATE\": \"MEAN_STD\", "
+                    "\"ACTION\": \"MEAN_STD\"}' (or recompute the dataset's stats with LeRobot)"
+                )

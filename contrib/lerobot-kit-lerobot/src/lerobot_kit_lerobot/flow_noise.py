@@ -1,0 +1,82 @@
+"""Flow-matching noise and time drawn per sample, so that training does not depend on how
+the global batch is split between data-parallel ranks.
+
+π0, π0.5 and SmolVLA draw, in every training step, a noise tensor and a time per sample
+from the global torch RNG (``sample_noise``, ``sample_time`` of LeRobot's model). Each
+data-parallel rank has its own RNG, so two ranks draw other numbers for their halves of a
+batch than one process draws for the whole: FSDP(2) and one process would train
+different objectives. The bridge draws each sample's noise and time with LeRobot's own
+functions, from the RNG seeded by (the run's seed, the number of training forwards so
+far, the sample's frame index in the dataset): the same numbers for the same sample of
+the same step on any number of ranks, with the same distributions as LeRobot's.
+
+Inference (``select_action``) keeps LeRobot's draws from the global RNG. A resumed run
+counts its forwards from zero again, so it draws other noise than the uninterrupted run
+would have (like dropout, the draws are not part of a checkpoint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+INDEX_KEY = "index"
+
+
+def sample_seed(*parts: int) -> int:
+    """A 63-bit seed mixed from non-negative integers; equal parts, equal seed."""
+    state = np.random.SeedSequence([p & 0xFFFFFFFF for p in parts] + [p >> 32 for p in parts]).generate_state(1, np.uint64)
+    return int(state[0] >> np.uint64(1))
+
+
+class PerSampleDraws:
+    """Stands in for LeRobot's ``sample_noise`` / ``sample_time`` on its model while a training
+    batch runs (``for_batch``); outside one it calls LeRobot's own, on the global RNG."""
+
+    def __init__(self, model: Any, seed: int) -> None:
+        self.seed = seed
+        self.forwards = 0
+        self._indices: list[int] | None = None
+        self._noise: Callable[..., Tensor] = model.sample_noise
+        self._time: Callable[..., Tensor] = model.sample_time
+        model.sample_noise = self.sample_noise
+        model.sample_time = self.sample_time
+
+    @contextlib.contextmanager
+    def for_batch(self, batch: dict[str, Any]) -> Iterator[None]:
+        """Per-sample draws for this training batch (by its frame ``index``), then count it."""
+        indices = batch.get(INDEX_KEY)
+        if indices is None:
+            yield
+            return
+        self._indices = [int(i) for i in indices.reshape(-1).tolist()]
+        try:
+            yield
+        finally:
+            self._indices = None
+            self.forwards += 1
+
+    def _per_sample(self, draw: Callable[[], Tensor], stream: int, device: torch.device) -> Tensor:
+        assert self._indices is not None
+        rows = []
+        devices = [device] if device.type == "cuda" else []
+        for index in self._indices:
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(sample_seed(self.seed, self.forwards, index, stream))
+                rows.append(draw())
+        return torch.cat(rows)
+
+    def sample_noise(self, shape: tuple[int, ...] | torch.Size, device: Any) -> Tensor:
+        if self._indices is None or shape[0] != len(self._indices):
+            return self._noise(shape, device)
+        return self._per_sample(lambda: self._noise((1, *shape[1:]), device), 0, torch.device(device))
+
+    def sample_time(self, bsize: int, device: Any) -> Tensor:
+        if self._indices is None or bsize != len(self._indices):
+            return self._time(bsize, device)
+        return self._per_sample(lambda: self._time(1, device), 1, torch.device(device))
