@@ -244,11 +244,29 @@ class LerobotPi(LerobotVLA):
         return super().make_processors(config, meta)
 
     def install_joint(self) -> None:
-        joint.install_pi(self.model.paligemma_with_expert, modeling_module(self.lerobot_type))
+        with_expert = self.model.paligemma_with_expert
+        joint.install_pi(with_expert, modeling_module(self.lerobot_type))
+        freeze_unreached(with_expert)
 
     def fsdp_unit_groups(self) -> list[UnitGroup]:
         depth = len(self.model.paligemma_with_expert.paligemma.model.language_model.layers)
         return joint.pi_unit_groups("model.paligemma_with_expert", depth)
+
+
+def freeze_unreached(with_expert: torch.nn.Module) -> None:
+    """Freeze the parameters of a ``PaliGemmaWithExpertModel`` that π0/π0.5's loss never
+    reaches: both language-model heads (never called), and what only produces the VLM's own
+    output after the last joint attention (the last VLM layer's output projection, norm and
+    MLP, and the final norm), which the loss, computed on the expert's output, never reads.
+    They would get no gradient either way (so training is unchanged); trainable, they would
+    get no optimizer state, which a resume then looks for. LeRobot's SmolVLA freezes its
+    heads and last VLM layer for the same reason."""
+    language = with_expert.paligemma.model.language_model
+    last = language.layers[-1]
+    unreached = (with_expert.paligemma.lm_head, with_expert.gemma_expert.lm_head, last.self_attn.o_proj,
+                 last.post_attention_layernorm, last.mlp, language.norm)
+    for module in unreached:
+        module.requires_grad_(False)
 
 
 class LerobotPI0(LerobotPi):
