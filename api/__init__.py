@@ -11,23 +11,29 @@ Stable:
 
 * hooks: ``hookimpl``, the marker of a plugin's ``lerobot_register_*`` functions;
 * configs: ``TrainConfig``, ``PolicyConfig``, ``DatasetConfig``, ``parse_train_config``;
-* running pieces: ``build_dataset``, ``build_policy``, ``load_pretrained``;
+* running pieces: ``build_dataset``, ``build_policy``, ``load_pretrained``, and for PEFT
+  checkpoints ``load_peft_model`` (the adapter unmerged) and ``merge_adapter``;
 * policy contract: ``Policy`` (see its docstring and the example plugin's README),
+  ``feature_dims`` (a policy's camera keys, state and action sizes from ``DatasetMeta``),
   ``PolicyProcessor``, the processor interface a policy's ``make_processors`` returns
   (a callable on batches with ``save(directory, name)``), and ``WeightShapes``, what a
   policy config implements (``weight_shapes(meta)``, torch-free) to have its checkpoints'
   weight shapes checked by ``inspect-checkpoint`` and ``convert-dcp``;
 * dataset contract: ``PolicyDataset``, ``InMemoryDataset``, ``DatasetMeta``,
   ``FeatureSpec``, ``compute_stats``, the item keys ``STATE_KEY``, ``ACTION_KEY``,
-  ``IMAGE_PREFIX`` and ``pad_key``;
+  ``IMAGE_PREFIX`` and ``pad_key``; for readers of their own: ``STAT_NAMES``,
+  ``vector_stats`` and ``PixelStats`` (exact statistics of vectors and of uint8 frames),
+  ``camera_to_float``, ``EpisodeWindows`` and ``expand_delta_indices`` (frame windows
+  within an episode, padded at its ends);
 * checkpoint formats: ``CheckpointFormat``, ``ModelWeights`` (what a format is handed:
   the model and how its weights are named), ``model_weights``, the weight writers and
   readers ``gathered_state``, ``write_weights_file``, ``write_gathered``, ``write_shards``,
   ``load_state``, ``load_any_weights``, ``read_safetensors``, ``is_peft_model`` and the
   file names ``MODEL_WEIGHTS``, ``ADAPTER_WEIGHTS``, ``DCP_MODEL_DIR``;
-* launchers: ``Launcher``, ``LaunchEnv``, ``env_int``;
+* launchers: ``Launcher``, ``LaunchEnv``, ``env_int``, ``DEFAULT_MASTER_PORT``;
 * evaluation environments: ``EnvConfig`` and ``VectorEnv`` (gymnasium's vector API, keyed
-  by the dataset's feature names; see its docstring and ``lerobot_register_envs``);
+  by the dataset's feature names; see its docstring and ``lerobot_register_envs``), with
+  its ``Observation`` and ``Info`` types;
 * sharding contract: ``UnitGroup`` (see the block at the end of the imports);
 * errors a plugin raises: ``ConfigError`` (bad flags or data for this plugin),
   ``CheckpointError`` (a missing or damaged file), ``PluginError`` (the plugin itself is
@@ -35,8 +41,8 @@ Stable:
   traceback.
 
 Importing this module does not import torch, so a plugin's hook module and config
-classes stay light (``lerobot --help`` imports every plugin). The names that need torch
-(``Policy``, ``PolicyProcessor``, ``CheckpointFormat``, the weight I/O, ``is_peft_model``) are imported on
+classes stay light (``lerobot train --help`` and ``lerobot plugins`` import every plugin). The names that need torch
+(``Policy``, ``feature_dims``, ``PolicyProcessor``, ``CheckpointFormat``, the weight I/O, ``is_peft_model``) are imported on
 first access; ``from lerobot_kit.api import *`` takes them all, and so imports torch.
 """
 
@@ -52,17 +58,22 @@ from lerobot_kit.core.data.build import build_dataset
 from lerobot_kit.core.data.dataset import (
     ACTION_KEY,
     IMAGE_PREFIX,
+    STAT_NAMES,
     STATE_KEY,
     DatasetMeta,
     FeatureSpec,
     InMemoryDataset,
+    PixelStats,
     PolicyDataset,
+    camera_to_float,
     compute_stats,
     pad_key,
+    vector_stats,
 )
-from lerobot_kit.core.distributed.launcher import LaunchEnv, Launcher, env_int
+from lerobot_kit.core.data.windows import EpisodeWindows, expand_delta_indices
+from lerobot_kit.core.distributed.launcher import DEFAULT_MASTER_PORT, LaunchEnv, Launcher, env_int
 from lerobot_kit.core.errors import CheckpointError, ConfigError, LerobotError, PluginError
-from lerobot_kit.core.eval.env import VectorEnv
+from lerobot_kit.core.eval.env import Info, Observation, VectorEnv
 from lerobot_kit.core.layout.paths import ADAPTER_WEIGHTS, DCP_MODEL_DIR, MODEL_WEIGHTS
 from lerobot_kit.core.offline.weight_shapes import WeightShapes
 from lerobot_kit.core.registry.hookspecs import hookimpl
@@ -75,6 +86,8 @@ from lerobot_kit.core.parallel.unit_group import UnitGroup
 # --- end of unit groups
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from lerobot_kit.core.checkpoint.training_state import read_safetensors
     from lerobot_kit.core.checkpoint.weights import (
         CheckpointFormat,
@@ -87,12 +100,13 @@ if TYPE_CHECKING:
         write_weights_file,
     )
     from lerobot_kit.core.model.peft import is_peft_model, model_weights
-    from lerobot_kit.core.model.policy import Policy
+    from lerobot_kit.core.model.policy import Policy, feature_dims
     from lerobot_kit.core.model.processor import PolicyProcessor
 
 # Torch-backed names: (module, attribute), imported on first access by ``__getattr__``.
 _LAZY: dict[str, tuple[str, str]] = {
     "Policy": ("lerobot_kit.core.model.policy", "Policy"),
+    "feature_dims": ("lerobot_kit.core.model.policy", "feature_dims"),
     "PolicyProcessor": ("lerobot_kit.core.model.processor", "PolicyProcessor"),
     "CheckpointFormat": ("lerobot_kit.core.checkpoint.weights", "CheckpointFormat"),
     "ModelWeights": ("lerobot_kit.core.checkpoint.weights", "ModelWeights"),
@@ -111,21 +125,27 @@ __all__ = [
     "ACTION_KEY",
     "ADAPTER_WEIGHTS",
     "DCP_MODEL_DIR",
+    "DEFAULT_MASTER_PORT",
     "IMAGE_PREFIX",
     "MODEL_WEIGHTS",
     "STATE_KEY",
+    "STAT_NAMES",
     "CheckpointError",
     "CheckpointFormat",
     "ConfigError",
     "DatasetConfig",
     "DatasetMeta",
     "EnvConfig",
+    "EpisodeWindows",
     "FeatureSpec",
     "InMemoryDataset",
+    "Info",
     "LaunchEnv",
     "Launcher",
     "LerobotError",
     "ModelWeights",
+    "Observation",
+    "PixelStats",
     "PluginError",
     "Policy",
     "PolicyConfig",
@@ -137,18 +157,24 @@ __all__ = [
     "WeightShapes",
     "build_dataset",
     "build_policy",
+    "camera_to_float",
     "compute_stats",
     "env_int",
+    "expand_delta_indices",
+    "feature_dims",
     "gathered_state",
     "hookimpl",
     "is_peft_model",
     "load_any_weights",
+    "load_peft_model",
     "load_pretrained",
     "load_state",
+    "merge_adapter",
     "model_weights",
     "pad_key",
     "parse_train_config",
     "read_safetensors",
+    "vector_stats",
     "write_gathered",
     "write_shards",
     "write_weights_file",
@@ -161,6 +187,22 @@ def build_policy(config: PolicyConfig, meta: DatasetMeta) -> Policy:
     from lerobot_kit.core.model.policy import make_policy
 
     return make_policy(config, meta)
+
+
+def load_peft_model(path: str | Path) -> tuple[nn.Module, PolicyProcessor, PolicyProcessor]:
+    """``(model, preprocessor, postprocessor)`` from an adapter's ``pretrained_model/`` (or its
+    step folder): its base policy with the adapter applied, not merged, in inference mode."""
+    from lerobot_kit.core.checkpoint.pretrained import load_peft_model as load
+
+    return load(Path(path))
+
+
+def merge_adapter(pretrained_dir: str | Path, output_dir: str | Path) -> Path:
+    """Write ``output_dir`` as a plain ``pretrained_model/`` of base and adapter merged, which
+    loads without peft (``--policy.path``, ``load_pretrained``)."""
+    from lerobot_kit.core.checkpoint.pretrained import merge_adapter as merge
+
+    return merge(Path(pretrained_dir), Path(output_dir))
 
 
 def load_pretrained(path: str | Path) -> tuple[Policy, PolicyProcessor, PolicyProcessor]:

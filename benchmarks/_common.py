@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import socket
 import statistics
@@ -24,6 +25,13 @@ from typing import Any, Callable, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_DIR = Path(__file__).resolve().parent
+
+# ACT at LeRobot's sizes (its ACTConfig defaults: 51.6 M parameters with a resnet18 backbone,
+# which each benchmark adds as --policy.vision_backbone=...). lerobot-kit's own ACT defaults
+# are sized for a CPU and the embedded task.
+LEROBOT_ACT = ["--policy.dim_model=512", "--policy.n_heads=8", "--policy.dim_feedforward=3200",
+               "--policy.n_encoder_layers=4", "--policy.n_decoder_layers=1", "--policy.n_vae_encoder_layers=4",
+               "--policy.chunk_size=100", "--policy.n_action_steps=100", "--policy.dropout=0.1"]
 
 # Variables of an outer launch or of the user's Accelerate setup, which would leak into ours.
 _LAUNCH_PREFIXES = (
@@ -110,6 +118,69 @@ def alternate(reps: int, first: Callable[[], float], second: Callable[[], float]
             b.append(second())
             a.append(first())
     return a, b
+
+
+# ----------------------------------------------------------------------------- provenance
+
+
+def _cpu_model() -> str:
+    """The CPU's model name as the kernel reports it (``/proc/cpuinfo``), else the platform's guess."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _memory_gib() -> float | None:
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def source_commit() -> str:
+    """The lerobot-kit commit the figures were measured on; ``+changes`` when tracked files
+    differed from it, ``unknown`` outside a git checkout."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=30,
+                              check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short=12", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{commit}+changes" if changed else commit
+
+
+def provenance() -> dict[str, Any]:
+    """Where and with what a result file's figures were measured: its ``machine`` and
+    ``versions`` blocks (torch is imported here, as every benchmark does anyway)."""
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "machine": {
+            "cpu": _cpu_model(),
+            "cores": os.cpu_count(),
+            "memory_gib": _memory_gib(),
+            "gpu": gpu,
+            "platform": platform.platform(),
+        },
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "lerobot_kit": source_commit(),
+        },
+    }
 
 
 # ----------------------------------------------------------------------------- memory

@@ -32,11 +32,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import Context, Result, Row, alternate, launch_ranks, paired, rss_now, rss_peak, write_rank_result
+from _common import (
+    LEROBOT_ACT,
+    Context,
+    Result,
+    Row,
+    alternate,
+    launch_ranks,
+    paired,
+    rss_now,
+    rss_peak,
+    write_rank_result,
+)
 
 NAME = "ac_compile"
-LEROBOT_ACT = ["--policy.dim_model=512", "--policy.dim_feedforward=3200", "--policy.chunk_size=100",
-               "--policy.n_action_steps=100"]
 SMOKE_ACT = ["--policy.dim_model=32", "--policy.dim_feedforward=64", "--policy.n_heads=2",
              "--policy.n_encoder_layers=2", "--policy.n_vae_encoder_layers=1", "--policy.chunk_size=5",
              "--policy.n_action_steps=5"]
@@ -130,7 +139,8 @@ def run(ctx: Context) -> Result:
     backbone = _backbone()
     model = [*ctx.pick(SMOKE_ACT, LEROBOT_ACT), f"--policy.vision_backbone={backbone}"]
     flags = [*model, *DATA, f"--dataset.image_size={ctx.pick(16, 96)}"]
-    what = f"ACT {'toy' if ctx.smoke else '512/3200, chunk 100'}, {backbone}, batch 8"
+    size = "toy" if ctx.smoke else "at LeRobot's sizes"
+    what = f"ACT {size}, {backbone}, batch 8"
     result = Result(details={"flags": flags})
 
     peaks: dict[str, list[dict[str, Any]]] = {}

@@ -86,7 +86,8 @@ def _worker(outdir: Path, spec: dict[str, Any]) -> None:
     from lerobot_kit.core.checkpoint.saver import CheckpointSaver, SaveSettings
     from lerobot_kit.core.config.flags import parse_train_config
     from lerobot_kit.core.distributed.process_group import init_distributed, shutdown
-    from lerobot_kit.core.layout import atomic, manifest, paths
+    from lerobot_kit.core.layout import manifest, paths
+    from lerobot_kit.core.layout.fsync import fsync_tree
     from lerobot_kit.core.run.prepare import prepare_run
 
     ctx = init_distributed(timeout_s=600)
@@ -138,7 +139,7 @@ def _worker(outdir: Path, spec: dict[str, Any]) -> None:
                 checkpoint_format(fmt).save_weights(run.weights, folder, sharded=True, is_main=ctx.is_main)
                 dist.barrier()
                 if ctx.is_main:
-                    atomic.fsync_tree(folder)
+                    fsync_tree(folder)
 
             weights[fmt].append(timed(write_weights))
             if ctx.is_main:

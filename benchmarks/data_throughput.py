@@ -17,8 +17,8 @@ thread, converting every frame to RGB as LeRobot's reader does. Both run single-
 in this process and are timed in CPU seconds (a worker's throughput when it has a core:
 on a shared machine, wall time measures the neighbours too). Blocks alternate.
 
-Data wait: ``lerobot train`` with ACT at LeRobot's sizes (dim_model 512, feed-forward
-3200, chunk 100, resnet18, batch 8) on that dataset with the default workers; the log's
+Data wait: ``lerobot train`` with ACT at LeRobot's sizes (``_common.LEROBOT_ACT``: 51.6 M
+parameters with resnet18, batch 8) on that dataset with the default workers; the log's
 ``data_s`` (the step's wait for its batch) against the step time, after two warm-up
 steps. resnet18 needs torchvision (the ``vision`` extra). torchvision's wheels are built
 for one torch each, and its compiled operators (detection ops, which resnet18 never
@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from _common import REPO, Context, Result, Row, alternate, clean_env, judge, logged_rows, paired, run_timed
+from _common import LEROBOT_ACT, REPO, Context, Result, Row, alternate, clean_env, judge, logged_rows, paired, run_timed
 from data_video import video_dataset
 from loop_overhead import bare_loop
 
@@ -45,8 +45,6 @@ GOAL = ">= 10"
 BATCH = 8
 BLOCK_GOAL = ">= 0.5"
 WAIT_GOAL = "<= 0.05"
-LEROBOT_ACT = ["--policy.type=act", "--policy.dim_model=512", "--policy.dim_feedforward=3200",
-               "--policy.chunk_size=100", "--policy.n_action_steps=100"]
 
 
 def _lerobot_dataset(ctx: Context) -> list[str]:
@@ -168,7 +166,7 @@ def _data_wait(ctx: Context, result: Result, root: Path) -> None:
     if torchvision is None and not ctx.smoke:
         result.details["data wait"] = "left out: ACT's resnet18 needs torchvision (pip install 'lerobot-kit[vision]')"
         return
-    policy = [*LEROBOT_ACT, "--policy.vision_backbone=resnet18"] if not ctx.smoke else [
+    policy = ["--policy.type=act", *LEROBOT_ACT, "--policy.vision_backbone=resnet18"] if not ctx.smoke else [
         "--policy.type=act", "--policy.dim_model=32", "--policy.dim_feedforward=64", "--policy.chunk_size=10",
         "--policy.n_action_steps=10"]
     steps = ctx.pick(3, 8)
@@ -188,7 +186,7 @@ def _data_wait(ctx: Context, result: Result, root: Path) -> None:
     result.rows.append(Row(
         "ACT at LeRobot's sizes, default workers: data wait per step vs step time", wait / len(logged),
         step / len(logged), "s", ratio, WAIT_GOAL, judge(ratio, WAIT_GOAL),
-        f"resnet18 ({torchvision}), dim_model 512, chunk 100, batch 8; 480x640 AV1" if torchvision else "smoke",
+        f"resnet18 ({torchvision}), LeRobot's ACT sizes (51.6 M), batch 8; 480x640 AV1" if torchvision else "smoke",
     ))
 
 

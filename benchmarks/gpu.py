@@ -16,8 +16,10 @@ GPU's dense bf16 peak).
 One GPU means one process: NCCL refuses two ranks on one device, and a launch maps each
 local rank to its own GPU, so DDP, FSDP and HSDP need two GPUs or more.
 
-``python benchmarks/gpu.py --out DIR [--workdir DIR] [--smoke]`` writes ``gpu.json``
-(every figure, each run's log tail) and ``gpu.md`` (the README's table) into ``--out``,
+``python benchmarks/gpu.py --out DIR [--workdir DIR] [--smoke] [--note TEXT]`` writes ``gpu.json``
+(the date, command, machine and versions, every figure, each run's log tail: copied to
+``benchmarks/results/``, the result file docs/gpu.md's tables are rendered from) and
+``gpu.md`` (a quick look at the same figures) into ``--out``,
 after each finished part, so a run cut short still reports what it did. ``--smoke`` runs
 the same steps at toy sizes (on CPU where no GPU is present) to check the script itself.
 """
@@ -26,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import datetime
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -35,12 +39,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import REPO, console_script, logged_rows
+from _common import LEROBOT_ACT, REPO, console_script, logged_rows, provenance
 
-ACT_LEROBOT = ["--policy.dim_model=512", "--policy.n_heads=8", "--policy.dim_feedforward=3200",
-               "--policy.n_encoder_layers=4", "--policy.n_decoder_layers=1", "--policy.n_vae_encoder_layers=4",
-               "--policy.chunk_size=100", "--policy.n_action_steps=100", "--policy.dropout=0.1",
-               "--policy.vision_backbone=resnet18"]
+ACT_LEROBOT = [*LEROBOT_ACT, "--policy.vision_backbone=resnet18"]
 ACT_TOY = ["--policy.dim_model=32", "--policy.n_heads=2", "--policy.dim_feedforward=64",
            "--policy.n_encoder_layers=1", "--policy.n_vae_encoder_layers=1", "--policy.chunk_size=5",
            "--policy.n_action_steps=5", "--policy.vision_backbone=resnet18"]
@@ -72,7 +73,7 @@ class Report:
 
     def __init__(self, out: Path) -> None:
         self.out = out
-        self.data: dict[str, Any] = {"machine": {}, "checks": [], "speed": []}
+        self.data: dict[str, Any] = {"machine": {}, "versions": {}, "checks": [], "speed": []}
         out.mkdir(parents=True, exist_ok=True)
 
     def check(self, name: str, ok: bool, detail: str, **extra: Any) -> None:
@@ -92,8 +93,9 @@ class Report:
 
 def markdown(data: dict[str, Any]) -> str:
     m = data["machine"]
-    lines = [f"{m.get('gpu', '?')}, torch {m.get('torch', '?')}, CUDA {m.get('cuda', '?')}, "
-             f"{m.get('cpus', '?')} CPU cores", "",
+    v = data["versions"]
+    lines = [f"{m.get('gpu', '?')}, torch {v.get('torch', '?')}, CUDA {v.get('cuda', '?')}, "
+             f"{m.get('cores', '?')} CPU cores", "",
              "| setting | batch | samples/s | data wait / step | peak GPU memory | MFU (bf16 peak) |",
              "| --- | --- | --- | --- | --- | --- |"]
     for r in data["speed"]:
@@ -296,26 +298,27 @@ def speed_matrix(report: Report, work: Path, smoke: bool, select: list[str]) -> 
     for batch in sorted({b for _, b, _ in settings}):
         flops[batch] = step_flops([*model, *data, f"--batch_size={batch}"], work)
     report.data["machine"]["step_flops"] = flops
-    peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in report.data["machine"].get("gpu", "")), None)
+    peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in (report.data["machine"].get("gpu") or "")), None)
     env = {"TORCHINDUCTOR_CACHE_DIR": str(work / "inductor")}
     for index, (name, batch, extra) in enumerate(settings):
         out_dir = work / f"speed{index}"
         peak_file = work / f"speed{index}.peak.json"
         argv = [*model, *data, f"--batch_size={batch}", f"--steps={steps}", f"--log_freq={log_freq}",
                 f"--output_dir={out_dir}", *extra]
+        workers = 12 if WORKERS_12 in extra else "default"
         started = time.perf_counter()
         code, tail = run([sys.executable, __file__, "_train", str(peak_file), *argv], work / f"speed{index}.log",
                          420, env)
         logged = metrics(out_dir)
         rows = logged[1:]  # the first window holds start-up and compilation
         if code != 0 or not rows:
-            report.speed({"setting": name, "batch": batch, "error": f"exit {code}", "log": tail})
+            report.speed({"setting": name, "batch": batch, "workers": workers, "error": f"exit {code}", "log": tail})
             continue
         samples_per_s = sum(r["samples_per_s"] for r in rows) / len(rows)
         step_s = batch / samples_per_s
         gpu = json.loads(peak_file.read_text()) if peak_file.is_file() else {"allocated": 0, "reserved": 0}
         report.speed({
-            "setting": name, "batch": batch, "samples_per_s": samples_per_s, "step_s": step_s,
+            "setting": name, "batch": batch, "workers": workers, "samples_per_s": samples_per_s, "step_s": step_s,
             "data_share": sum(r["data_s"] for r in rows) / len(rows) / step_s,
             "peak_gpu_gb": gpu["allocated"] / 1e9, "reserved_gpu_gb": gpu["reserved"] / 1e9,
             "mfu": flops[batch] / step_s / peak if peak and torch.cuda.is_available() else None,
@@ -327,16 +330,20 @@ def speed_matrix(report: Report, work: Path, smoke: bool, select: list[str]) -> 
 # ----------------------------------------------------------------------------- main
 
 
-def machine() -> dict[str, Any]:
+def provenance_with_gpu(note: str, smoke: bool) -> dict[str, Any]:
+    """The result file's header: date, exact command, machine and versions (``_common.provenance``),
+    with the CUDA build and the GPU's memory and compute capability."""
     import torch
 
-    info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "cpus": os.cpu_count()}
+    header = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+              "command": shlex.join(["python", "benchmarks/gpu.py", *sys.argv[1:]]), "smoke": smoke, **provenance(),
+              "notes": note}
+    header["versions"]["cuda"] = torch.version.cuda
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        info.update(gpu=props.name, gpu_memory_gb=props.total_memory / 1e9, capability=list(torch.cuda.get_device_capability()))
-    else:
-        info["gpu"] = "none (CPU)"
-    return info
+        header["machine"].update(gpu_memory_gb=props.total_memory / 1e9,
+                                 capability=list(torch.cuda.get_device_capability()))
+    return header
 
 
 def main() -> None:
@@ -349,11 +356,12 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--only", choices=["checks", "fp16", "speed"], default=None)
     parser.add_argument("--select", action="append", default=[], help="a SETTINGS name to measure (repeatable)")
+    parser.add_argument("--note", default="", help="recorded in gpu.json: what else ran on the machine")
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="lerobot_gpu_"))
     work.mkdir(parents=True, exist_ok=True)
     report = Report(args.out)
-    report.data["machine"] = machine()
+    report.data.update(provenance_with_gpu(args.note, args.smoke))
     report.write()
     if args.only in (None, "checks"):
         functional_checks(report, work, args.smoke)

@@ -98,13 +98,12 @@ def bare_loop(flags: list[str], prepared_batches: int = 8) -> Callable[[int], fl
     from torch.utils.data import DataLoader
 
     from lerobot_kit.core.config.flags import parse_train_config
-    from lerobot_kit.core.model.policy import make_policy
-    from lerobot_kit.core.model.processor import make_processors
+    from lerobot_kit.core.model.policy import make_policy, make_policy_processors
     from lerobot_kit.core.data.build import build_dataset
 
     config = parse_train_config(flags)
     dataset = build_dataset(config)
-    preprocessor, _ = make_processors(config.policy, dataset.meta)
+    preprocessor, _ = make_policy_processors(config.policy, dataset.meta)
     torch.manual_seed(config.seed)
     policy = make_policy(config.policy, dataset.meta)
     policy.train()

@@ -1,11 +1,17 @@
-"""Run the benchmarks, print one table, write one JSON file.
+"""Run the benchmarks, print one table, write one result file.
 
-    python benchmarks/run.py [--smoke] [--only NAME,...] [--json out.json] [--workdir DIR]
+    python benchmarks/run.py [--smoke] [--only NAME,...] [--json out.json] [--workdir DIR] [--note TEXT]
 
 Every figure is a ratio of ours to a reference measured side by side in this run, so
 that a noisy machine moves both sides together. ``--smoke`` runs the same code paths
-at toy sizes in about a minute (the test suite runs it so the benchmarks never
-rot); without it the run takes about five minutes on two CPU cores (under ten).
+at toy sizes (``python -m pytest -q benchmarks`` runs each benchmark that way, so the
+benchmarks never rot; CI runs it after the main suite).
+
+The result file holds what the docs' tables are rendered from
+(``benchmarks/render_docs.py``): the date, the machine (CPU, cores, memory, GPU, load
+average before and after each benchmark), the versions (Python, torch, the lerobot-kit
+commit), the exact command, ``--note`` (what else the machine was doing), and each
+benchmark's rows with its raw samples.
 
 Each process of the benchmarks, this one included, runs torch with one thread (as the
 test suite launches ranks): on a shared two-core machine, OpenMP's spinning worker
@@ -19,7 +25,7 @@ import datetime
 import importlib
 import json
 import os
-import platform
+import shlex
 import sys
 import tempfile
 import time
@@ -29,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Context, Result, Row  # noqa: E402
+from _common import Context, Result, Row, provenance  # noqa: E402
 
 # Order matters: `checkpoints` leaves the large checkpoint that `convert_dcp` and `startup` reuse.
 MODULES = {
@@ -53,24 +59,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(MODULES)}")
     parser.add_argument("--json", default="benchmarks.json", help="where to write the results (default %(default)s)")
     parser.add_argument("--workdir", default=None, help="scratch folder (default: a temporary one, deleted)")
+    parser.add_argument("--note", default="", help="recorded in the result file: what else ran on the machine")
     args = parser.parse_args(argv)
     unknown = [n for n in args.only.split(",") if n and n not in MODULES]
     if unknown:
         parser.error(f"--only: unknown benchmark {', '.join(unknown)}; choose from {', '.join(MODULES)}")
     return args
-
-
-def _machine() -> dict[str, Any]:
-    import torch
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "platform": platform.platform(),
-        "load_average_start": os.getloadavg(),
-    }
 
 
 def _fmt(value: float | None) -> str:
@@ -106,16 +100,19 @@ def main(argv: list[str]) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     ctx = Context(smoke=args.smoke, workdir=workdir)
     report: dict[str, Any] = {
-        "command": " ".join(["python benchmarks/run.py", *argv]),
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "command": shlex.join(["python", "benchmarks/run.py", *argv]),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "smoke": args.smoke,
-        "machine": _machine(),
+        **provenance(),
+        "notes": args.note,
         "benchmarks": {},
     }
+    report["machine"].update(torch_threads=torch.get_num_threads(), load_average_start=os.getloadavg())
     rows: list[tuple[str, Row]] = []
     failed = False
     for name in selected:
         print(f"[{name}] running...", file=sys.stderr, flush=True)
+        load_before = os.getloadavg()[0]
         start = time.perf_counter()
         try:
             result: Result = importlib.import_module(MODULES[name]).run(ctx)
@@ -127,6 +124,7 @@ def main(argv: list[str]) -> int:
         print(f"[{name}] {seconds:.1f}s", file=sys.stderr, flush=True)
         report["benchmarks"][name] = {
             "seconds": round(seconds, 2),
+            "load_average_1min": [load_before, os.getloadavg()[0]],
             "error": error,
             "rows": [r.to_json() for r in result.rows],
             "details": result.details,

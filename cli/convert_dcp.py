@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from lerobot_kit.cli.errors import user_errors
+from lerobot_kit.cli.errors import command_errors
 from lerobot_kit.core.errors import ConfigError
 
 
@@ -56,7 +56,7 @@ class _TtyProgress:
               help="Upload pretrained_model/ (without the shards) to this Hugging Face model repo.")
 @_bool_option("private", "Create the --push_to_hub repo as private.")
 def command(checkpoint_dir: Path, delete_dcp: bool, overwrite: bool, push_to_hub: str | None, private: bool) -> None:
-    with user_errors():
+    with command_errors():
         if private and not push_to_hub:
             raise ConfigError("--private=true needs --push_to_hub=user/repo")
         from lerobot_kit.core.offline.convert import convert_dcp

@@ -1,21 +1,79 @@
-"""Turn user-facing errors into one clear line on stderr and a non-zero exit."""
+"""Every command's error boundary: one clear line on stderr (or one JSON object) and a documented exit code.
+
+- A ``LerobotError`` (bad input, a damaged file, a machine problem) is its message,
+  one line per problem, and its ``exit_code`` (1 problems, 2 usage).
+- An ``OSError`` that no layer below turned into a ``LerobotError`` is the machine's
+  answer about a file (a read-only or full disk, a permission): one line naming the
+  path and the errno, exit code 1.
+- Anything else is a bug: one line saying so and how to report it, exit code 70,
+  distinct from the user's problems.
+
+``LEROBOT_KIT_DEBUG=1`` prints the full traceback, causes included, before the line.
+Commands with ``--json`` print the error as ``{"ok": false, "error": ..., "problems": [...],
+"exit_code": ...}`` on stdout instead, so a script always gets one JSON object.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
+import os
 import sys
-from typing import Iterator
+import traceback
+from collections.abc import Iterator
 
 import click
 
-from lerobot_kit.core.errors import LerobotError
+from lerobot_kit.core.errors import DEBUG_ENV, EXIT_INTERNAL, EXIT_PROBLEMS, LerobotError, first_line
+
+REPORT = (
+    "this is a bug in lerobot-kit or one of its plugins, not in your input: please report it with the command "
+    f"you ran and the traceback that {DEBUG_ENV}=1 prints"
+)
+
+
+def debugging() -> bool:
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def describe(exc: BaseException) -> tuple[list[str], int]:
+    """The lines a user sees for ``exc`` (without the ``error: `` prefix), and the exit code."""
+    if isinstance(exc, LerobotError):
+        return str(exc).splitlines() or [type(exc).__name__], exc.exit_code
+    if isinstance(exc, OSError):
+        return [os_error_line(exc)], EXIT_PROBLEMS
+    return [f"internal error: {type(exc).__name__}: {first_line(exc)}; {REPORT}"], EXIT_INTERNAL
+
+
+def os_error_line(exc: OSError) -> str:
+    """``<path>: <what the system said> (errno <NAME>)``: the file, and what to look up."""
+    code = errno.errorcode.get(exc.errno, str(exc.errno)) if exc.errno is not None else None
+    what = exc.strerror or first_line(exc)
+    where = f"{exc.filename}: " if exc.filename is not None else ""
+    if exc.filename2 is not None:
+        where = f"{exc.filename} -> {exc.filename2}: "
+    return f"{where}{what}" + (f" (errno {code})" if code else "")
 
 
 @contextlib.contextmanager
-def user_errors() -> Iterator[None]:
+def command_errors(*, as_json: bool = False) -> Iterator[None]:
+    """Around a command's body: what escapes becomes its lines (or JSON object) and exit code.
+
+    click's own exceptions (usage errors, ``--help``'s exit) and ``SystemExit`` pass
+    through: click prints and exits for them.
+    """
     try:
         yield
-    except LerobotError as exc:
-        for line in str(exc).splitlines() or [type(exc).__name__]:
-            click.echo(f"error: {line}", err=True)
-        sys.exit(exc.exit_code)
+    except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the one place every escaped error is worded
+        if debugging():
+            traceback.print_exception(exc, file=sys.stderr)
+        lines, code = describe(exc)
+        if as_json:
+            click.echo(json.dumps({"ok": False, "error": "\n".join(lines), "problems": lines, "exit_code": code}))
+        else:
+            for line in lines:
+                click.echo(f"error: {line}", err=True)
+        sys.exit(code)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from lerobot_kit.cli.errors import user_errors
+from lerobot_kit.cli.errors import command_errors
 
 USAGE = [
     "Usage: lerobot eval --policy.path=CHECKPOINT [--env.type=reach] [--eval.n_episodes=N] [--eval.batch_size=B] "
@@ -17,7 +17,7 @@ USAGE = [
 
 
 def run_eval(args: list[str]) -> None:
-    with user_errors():
+    with command_errors():
         if "--help" in args or "-h" in args:
             from lerobot_kit.cli.help import render_help
             from lerobot_kit.core.eval.config import EvalRunConfig

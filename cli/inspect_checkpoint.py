@@ -10,10 +10,18 @@ from pathlib import Path
 
 import click
 
-from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.cli.errors import command_errors
+from lerobot_kit.core.errors import (
+    DEBUG_ENV,
+    EXIT_INTERNAL,
+    EXIT_PROBLEMS,
+    EXIT_USAGE,
+    CheckpointError,
+    ConfigError,
+)
 from lerobot_kit.core.offline.inspect import DEFAULT_VERIFY_MAX_BYTES, CheckpointReport, FileInfo, inspect_checkpoint
 
-EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
+EXIT_OK = 0
 
 
 @click.command(
@@ -24,7 +32,8 @@ EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
         f"  {EXIT_PROBLEMS}  problems found: a file is missing, truncated, unreadable, inconsistent,\n"
         "     differs from checksums.json, or holds weights of other shapes than config.json's model,\n"
         "     or the layout is old or unknown (each problem is one line naming the file)\n"
-        f"  {EXIT_USAGE}  usage error: PATH does not exist or is not a checkpoint"
+        f"  {EXIT_USAGE}  usage error: PATH does not exist or is not a checkpoint\n"
+        f"  {EXIT_INTERNAL} internal error: a bug in lerobot-kit (set {DEBUG_ENV}=1 for the traceback)"
     ),
 )
 @click.argument("path", type=click.Path(path_type=Path))
@@ -47,23 +56,17 @@ def command(ctx: click.Context, path: Path, as_json: bool, verify: bool | None, 
     torch is not imported. Weight shapes are checked against config.json without building
     the model; file contents against checksums.json (see --verify).
     """
-    try:
-        report = inspect_checkpoint(path, verify=verify, verify_max_bytes=verify_max_bytes)
-    except CheckpointError as err:
+    with command_errors(as_json=as_json):
+        try:
+            report = inspect_checkpoint(path, verify=verify, verify_max_bytes=verify_max_bytes)
+        except CheckpointError as err:  # PATH is not a checkpoint at all: the usage is wrong
+            raise ConfigError(str(err)) from err
         if as_json:
-            click.echo(json.dumps({"path": str(path), "ok": False, "problems": [str(err)]}))
+            click.echo(json.dumps(report.to_json(), indent=2))
         else:
-            click.echo(f"error: {err}", err=True)
-        ctx.exit(EXIT_USAGE)
-    except Exception as err:  # a checkpoint no check foresaw must still give one line, not a traceback
-        click.echo(f"error: {path}: could not be inspected ({type(err).__name__}: {err}); please report this", err=True)
-        ctx.exit(EXIT_PROBLEMS)
-    if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
-    else:
-        click.echo(render(report))
-        for problem in report.problems:
-            click.echo(f"error: {problem}", err=True)
+            click.echo(render(report))
+            for problem in report.problems:
+                click.echo(f"error: {problem}", err=True)
     ctx.exit(EXIT_OK if report.ok else EXIT_PROBLEMS)
 
 

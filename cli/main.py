@@ -31,6 +31,14 @@ class LazyGroup(click.Group):
             return None
         return importlib.import_module(SUBCOMMANDS[name][0]).command
 
+    def invoke(self, ctx: click.Context) -> object:
+        """Every subcommand words its own errors; this catches what escapes one (its module
+        failing to import, say), so that no command ends in a raw traceback."""
+        from lerobot_kit.cli.errors import command_errors
+
+        with command_errors():
+            return super().invoke(ctx)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         with formatter.section("Commands"):
             formatter.write_dl([(name, help_text) for name, (_, help_text) in SUBCOMMANDS.items()])

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from lerobot_kit.cli.errors import user_errors
+from lerobot_kit.cli.errors import command_errors
 from lerobot_kit.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -255,7 +255,9 @@ def format_plan(run_plan: RunPlan, device_memory_gb: float | None = None) -> lis
 
 
 def run_plan(args: list[str]) -> None:
-    with user_errors():
+    # Known before the flags are parsed, so that a script asking for JSON gets JSON even when they are wrong.
+    as_json = any(arg == f"--{JSON_FLAG}" or arg.lower() == f"--{JSON_FLAG}=true" for arg in args)
+    with command_errors(as_json=as_json):
         if "--help" in args or "-h" in args:
             click.echo(USAGE, nl=False)
             return

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from lerobot_kit.cli.errors import user_errors
+from lerobot_kit.cli.errors import command_errors
 
 
 @click.command(help="List installed plugins and what each registered.")
@@ -14,7 +14,7 @@ from lerobot_kit.cli.errors import user_errors
 def command(as_json: bool) -> None:
     from lerobot_kit.core.registry.registry import get_registry
 
-    with user_errors():
+    with command_errors(as_json=as_json):
         registry = get_registry()
         rows = []
         for plugin in registry.plugins:

@@ -6,8 +6,11 @@ import sys
 
 import click
 
-from lerobot_kit.cli.errors import user_errors
+from lerobot_kit.cli.errors import command_errors
 from lerobot_kit.core.errors import LerobotError, first_line
+
+# gloo's messages when the other end of a connection died (its transport names itself in the path).
+GLOO_PEER_GONE = ("gloo/transport", "Connection closed by peer", "Connection reset by peer")
 
 
 def _print_help(args: list[str]) -> None:
@@ -24,7 +27,7 @@ def _print_help(args: list[str]) -> None:
 
 
 def run_train(args: list[str]) -> None:
-    with user_errors():
+    with command_errors():
         if "--help" in args or "-h" in args:
             _print_help(args)
             return
@@ -35,7 +38,7 @@ def run_train(args: list[str]) -> None:
 
         try:
             train(config)
-        except Exception as exc:
+        except RuntimeError as exc:  # torch's distributed and compiler errors are RuntimeErrors
             if _collective_failure(exc):
                 raise LerobotError(
                     f"a collective operation failed, so another process died or hung ({first_line(exc)}); "
@@ -67,11 +70,13 @@ def _compile_failure(exc: BaseException) -> str | None:
 
 
 def _collective_failure(exc: BaseException) -> bool:
-    """Errors a rank sees when a peer is gone: torch's DistError family or gloo/NCCL transport errors."""
+    """What a rank sees when a peer is gone: torch's DistError family (NCCL, the store), or
+    gloo's transport error, a plain RuntimeError naming the closed connection."""
     import torch.distributed as dist
 
-    text = str(exc)
-    return isinstance(exc, dist.DistError) or any(marker in text for marker in ("gloo", "NCCL", "Connection closed"))
+    if isinstance(exc, dist.DistError):
+        return True
+    return isinstance(exc, RuntimeError) and any(marker in str(exc) for marker in GLOO_PEER_GONE)
 
 
 @click.command(

@@ -1,17 +1,25 @@
-"""User-facing errors.
+"""User-facing errors and the exit codes every command shares.
 
-Anything raised as a ``LerobotError`` is a problem with the user's input or files, not a
-bug: the CLI prints its message as one line (or a few, one per problem) and exits
-non-zero, never with a traceback.
+Anything raised as a ``LerobotError`` is a problem with the user's input, files or
+machine, not a bug: the CLI prints its message as one line (or a few, one per problem)
+and exits with its ``exit_code``, never with a traceback. Anything else that escapes a
+command is a bug in lerobot-kit (or a plugin): it exits with ``EXIT_INTERNAL`` and says
+how to report it. ``LEROBOT_KIT_DEBUG=1`` prints the full traceback of either.
 """
 
 from __future__ import annotations
+
+EXIT_PROBLEMS = 1  # a LerobotError: a missing or damaged file, a failed run, problems found
+EXIT_USAGE = 2  # a ConfigError: bad flags or config (click's usage-error code)
+EXIT_INTERNAL = 70  # a bug (BSD sysexits' EX_SOFTWARE): not the user's input
+EXIT_STOPPED = 75  # stopped by a signal with a checkpoint to resume from (EX_TEMPFAIL: requeue)
+DEBUG_ENV = "LEROBOT_KIT_DEBUG"
 
 
 class LerobotError(Exception):
     """A problem the user can fix; ``str(err)`` says what is wrong and how to fix it."""
 
-    exit_code = 1
+    exit_code = EXIT_PROBLEMS
 
 
 def first_line(exc: BaseException, limit: int = 300) -> str:
@@ -23,7 +31,7 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
 class ConfigError(LerobotError):
     """Bad flags or config file (click's usage-error exit code)."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class PluginError(LerobotError):

@@ -86,7 +86,7 @@ def load_pretrained(directory: Path, *, load_weights: bool = True) -> tuple[Poli
     policy = make_policy(config, meta)
     if stored is not None:
         _load_stored(model_weights(policy), stored)
-    return policy, PolicyProcessor.load(directory, PREPROCESSOR), PolicyProcessor.load(directory, POSTPROCESSOR)
+    return (policy, *type(policy).load_processors(directory))
 
 
 def load_pretrained_weights(policy: nn.Module, path: Path) -> None:
@@ -113,7 +113,7 @@ def load_peft_model(directory: Path) -> tuple[nn.Module, PolicyProcessor, Policy
     model = attach_adapter(base, directory)
     _load_stored(model_weights(model), stored)
     model.eval()
-    return model, PolicyProcessor.load(directory, PREPROCESSOR), PolicyProcessor.load(directory, POSTPROCESSOR)
+    return (model, *type(base).load_processors(directory))
 
 
 def merge_adapter(pretrained_dir: Path, output_dir: Path) -> Path:

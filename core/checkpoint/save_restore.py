@@ -35,16 +35,13 @@ from lerobot_kit.core.data.sampler import DataPosition
 from lerobot_kit.core.distributed.process_group import barrier, broadcast_object
 from lerobot_kit.core.errors import CheckpointError
 from lerobot_kit.core.layout import atomic, paths
+from lerobot_kit.core.layout.files import RESUME_ADVICE, resumable_record
 from lerobot_kit.core.layout.stored_weights import StoredWeights
-from lerobot_kit.core.layout.training_step import SamplerPosition, TrainingStep, read_training_step
+from lerobot_kit.core.layout.training_step import SamplerPosition, TrainingStep
 from lerobot_kit.core.layout.verify import damage
 
 logger = logging.getLogger(__name__)
 
-RESUME_ADVICE = (
-    "resume from an earlier step folder (--resume=true --config_path=<run>/checkpoints/<step>/pretrained_model/"
-    "train_config.json)"
-)
 
 
 def checkpoint_format(name: str) -> CheckpointFormat:
@@ -146,7 +143,7 @@ def restore_checkpoint(state: CheckpointState, step_dir: Path) -> Restored:
     problem = broadcast_object(ctx, problem)
     if problem is not None:
         raise CheckpointError(problem)
-    record = read_training_step(step_dir)
+    record = resumable_record(step_dir, RESUME_ADVICE)
     _check_resumable(step_dir, record)
     pretrained, state_dir = step_dir / paths.PRETRAINED_DIR, step_dir / paths.TRAINING_STATE_DIR
     checkpoint_format(record.checkpoint_format).load_weights(

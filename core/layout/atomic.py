@@ -15,7 +15,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from lerobot_kit.core.layout import paths
+from lerobot_kit.core.layout.files import check_complete
+from lerobot_kit.core.layout.fsync import fsync_dir, fsync_tree
 from lerobot_kit.core.layout.manifest import FileDigest, write_manifest
+from lerobot_kit.core.layout.training_step import read_training_step
 
 
 def temp_step_dir(output_dir: Path, step: int) -> Path:
@@ -32,28 +35,17 @@ def prepare_temp_dir(output_dir: Path, step: int) -> Path:
     return tmp
 
 
-def fsync_tree(root: Path) -> None:
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            with open(os.path.join(dirpath, name), "rb") as handle:
-                os.fsync(handle.fileno())
-        fsync_dir(Path(dirpath))
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def publish(output_dir: Path, step: int, digests: Mapping[str, FileDigest] | None = None) -> Path:
     """Main process only: record the checksum manifest of the finished temporary folder,
-    then make it the step folder and ``last``. ``digests``: those the writing ranks took."""
+    then make it the step folder and ``last``. ``digests``: those the writing ranks took.
+
+    A folder that lacks a file its own ``training_step.json`` makes required (a checkpoint
+    format that did not write what it reported) is refused before anything is published.
+    """
     root = paths.checkpoints_root(output_dir)
     tmp = temp_step_dir(output_dir, step)
     final = root / paths.step_dir_name(step)
+    check_complete(tmp, read_training_step(tmp), "nothing was published; the previous checkpoint is intact")
     write_manifest(tmp, digests)
     fsync_tree(tmp)
     if final.exists():

@@ -63,7 +63,7 @@ class StoredWeights:
         if self.adapter:
             raise CheckpointError(
                 f"{self.folder} holds a PEFT adapter, not full weights; load it with load_pretrained, or merge it "
-                "into a plain model.safetensors with lerobot_kit.core.checkpoint.pretrained.merge_adapter"
+                "into a plain model.safetensors with lerobot_kit.api.merge_adapter"
             )
         raise CheckpointError(f"{self.folder} holds full weights ({MODEL_WEIGHTS}), not a PEFT adapter")
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from lerobot_kit.core.errors import CheckpointError
 from lerobot_kit.core.layout import paths
-from lerobot_kit.core.layout.atomic import fsync_dir
+from lerobot_kit.core.layout.fsync import fsync_dir
 
 WEIGHTS_KINDS = ("gathered", "dcp", "gathered+dcp")
 OPTIMIZER_KINDS = ("safetensors", "dcp")

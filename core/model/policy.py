@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from lerobot_kit.core.config.schema import PolicyConfig
 from lerobot_kit.core.data.dataset import ACTION_KEY, STATE_KEY, DatasetMeta
 from lerobot_kit.core.errors import ConfigError
-from lerobot_kit.core.layout.paths import POLICY_CONFIG
+from lerobot_kit.core.layout.paths import POLICY_CONFIG, POSTPROCESSOR, PREPROCESSOR
 from lerobot_kit.core.model.processor import PolicyProcessor
 
 
@@ -61,6 +61,16 @@ class Policy(nn.Module):
         from lerobot_kit.core.model.processor import make_processors
 
         return make_processors(config, meta)
+
+    @classmethod
+    def load_processors(cls, directory: Path) -> tuple[PolicyProcessor, PolicyProcessor]:
+        """The processors a ``pretrained_model/`` folder holds, as ``make_processors`` made
+        them for the run that wrote it (``policy_preprocessor.json`` and its state files).
+
+        A policy whose ``make_processors`` brings another library's processors overrides
+        this to read that library's files.
+        """
+        return PolicyProcessor.load(directory, PREPROCESSOR), PolicyProcessor.load(directory, POSTPROCESSOR)
 
     def save_config(self, directory: Path) -> None:
         """Write ``config.json`` into a ``pretrained_model/`` folder: the config as JSON.
@@ -142,7 +152,8 @@ def feature_dims(meta: DatasetMeta, policy_name: str) -> tuple[list[str], int, i
 
 
 def make_policy_processors(config: PolicyConfig, meta: DatasetMeta) -> tuple[PolicyProcessor, PolicyProcessor]:
-    """The processors of the policy registered under ``config.type`` (``Policy.make_processors``)."""
+    """The processors of the policy registered under ``config.type`` (``Policy.make_processors``):
+    the one way ``train``, ``plan`` and evaluation during training get a new run's processors."""
     from lerobot_kit.core.registry.registry import get_registry
 
     return get_registry().policy(config.type).processors(config, meta)  # type: ignore[return-value]

@@ -62,7 +62,7 @@ import torch
 
 from lerobot_kit.core.errors import CheckpointError, first_line
 from lerobot_kit.core.layout import dcp_metadata, manifest
-from lerobot_kit.core.layout.atomic import fsync_dir
+from lerobot_kit.core.layout.fsync import fsync_dir
 from lerobot_kit.core.layout.paths import (
     DATASET_META,
     DCP_METADATA,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lerobot_kit.core.errors import CheckpointError
-from lerobot_kit.core.layout import manifest, training_step
+from lerobot_kit.core.layout import files, manifest, training_step
 from lerobot_kit.core.layout import paths as L
 from lerobot_kit.core.layout.dcp_metadata import check_dcp_shards, read_dcp_metadata, tensor_entries
 from lerobot_kit.core.layout.safetensors_header import read_safetensors_header, tensor_nbytes, tensors
@@ -186,7 +186,7 @@ class _Inspector:
         self._require(L.PRETRAINED_DIR, L.POLICY_CONFIG)
         self._require(L.TRAINING_STATE_DIR, L.TRAINING_STEP)
         if ts is not None and self.current_layout:
-            self._check_required(ts, peft)
+            self._check_required(ts)
             if not self.layout_problems:
                 self._check_optimizer(peft)
         loadable = self._loadable(peft)
@@ -379,18 +379,10 @@ class _Inspector:
                     if not (self.root / L.PRETRAINED_DIR / ref).is_file():
                         self._problem(rel, f"refers to {ref}, which is missing")
 
-    def _check_required(self, ts: dict[str, Any], peft: bool) -> None:
-        """Files layout 1 requires for what training_step.json says was saved."""
-        P, T = L.PRETRAINED_DIR, L.TRAINING_STATE_DIR
-        self._require(P, L.TRAIN_CONFIG)
-        weights = ts.get("weights")
-        because = f"{T}/{L.TRAINING_STEP} says weights: {weights}"
-        if weights in ("gathered", "gathered+dcp"):
-            for name in (L.ADAPTER_WEIGHTS, L.ADAPTER_CONFIG) if peft else (L.MODEL_WEIGHTS,):
-                self._require(P, name, because)
-        if weights in ("dcp", "gathered+dcp"):
-            self._require(P, L.DCP_MODEL_DIR, because)
-        self._require(T, L.RNG_STATE)
+    def _check_required(self, ts: dict[str, Any]) -> None:
+        """Every file the layout table requires for what training_step.json says was saved,
+        as a resume requires it (``core.layout.files``)."""
+        T = L.TRAINING_STATE_DIR
         topo = ts.get("topology")
         sharded = isinstance(topo, dict) and type(topo.get("dp_shard")) is int and topo["dp_shard"] > 1
         if sharded and self._exists(T, L.OPTIMIZER_STATE) and not self._exists(T, L.DCP_OPTIMIZER_DIR):
@@ -402,23 +394,24 @@ class _Inspector:
                 )
             )
             return
-        because = f"{T}/{L.TRAINING_STEP} says optimizer: {ts.get('optimizer')}"
-        if ts.get("optimizer") == "safetensors":
-            self._require(T, L.OPTIMIZER_PARAM_GROUPS, because)
-            self._require(T, L.OPTIMIZER_STATE, because)
-        elif ts.get("optimizer") == "dcp":
-            self._require(T, L.DCP_OPTIMIZER_DIR, because)
-        if ts.get("mixed_precision") == "fp16":
-            self._require(T, L.SCALER_STATE, f"{T}/{L.TRAINING_STEP} says mixed_precision: fp16")
+        try:
+            kind = files.CheckpointKind.of(training_step.TrainingStep.from_json(ts, f"{T}/{L.TRAINING_STEP}"))
+        except CheckpointError:
+            return  # the record's own problems are reported; what it requires is unknown
+        for file, line in files.missing(self.root, kind):
+            # The table's line says why the file is needed; checksums.json's "missing" says less.
+            self.problems = [p for p in self.problems if p.file != file.path]
+            self.problems.append(_Problem(file.path, line))
 
-    def _require(self, sub: str, name: str, because: str = "") -> None:
+    def _require(self, sub: str, name: str) -> None:
+        """A file every checkpoint holds, whatever its record says (or when there is none to say)."""
         if self._exists(sub, name):
             return
         if not (self.root / sub).is_dir():
             if not any(p.file == f"{sub}/" for p in self.problems):
                 self._problem(f"{sub}/", "missing")
             return
-        self._problem(f"{sub}/{name}", f"missing ({because})" if because else "missing")
+        self._problem(f"{sub}/{name}", f"missing ({files.ALWAYS})")
 
     # --- consistency between files ----------------------------------------------------
 

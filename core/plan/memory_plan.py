@@ -201,7 +201,7 @@ def plan_run(config: TrainConfig, world_size: int, device_memory_gb: float | Non
     the same preprocessor; with ``device_memory_gb``, the largest ``--batch_size`` whose
     step fits a device of that many GiB."""
     from lerobot_kit.core.data.build import build_dataset
-    from lerobot_kit.core.model.processor import make_processors
+    from lerobot_kit.core.model.policy import make_policy_processors
     from lerobot_kit.core.plan.activation_plan import plan_activations
     from lerobot_kit.core.run.assemble import build_model
     from lerobot_kit.core.run.spec import resolve_run
@@ -210,6 +210,6 @@ def plan_run(config: TrainConfig, world_size: int, device_memory_gb: float | Non
     dataset = build_dataset(config)
     built = build_model(spec, dataset.meta, torch.device("meta"))
     sharding = plan_model(built.model, spec.dims, config.accelerator, built.wrap)
-    preprocessor, _ = make_processors(config.policy, dataset.meta)
+    preprocessor, _ = make_policy_processors(config.policy, dataset.meta)
     activations = plan_activations(built, spec, dataset.meta, preprocessor, sharding.device_bytes, device_memory_gb)
     return RunPlan(sharding, activations)

@@ -5,7 +5,8 @@ plugin calls it once per thing it provides, so one plugin can provide several, a
 registry knows which plugin provided each name. Built-ins use exactly these hooks.
 
 A target given as ``"package.module:attribute"`` is imported only when first used, so
-registering a torch model does not import torch (``lerobot --help`` stays fast).
+registering a torch model does not import torch (``lerobot train --help`` and
+``lerobot plugins`` load every plugin and stay fast).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from typing import Any
 from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.errors import CheckpointError, ConfigError
 from lerobot_kit.core.layout import paths
+from lerobot_kit.core.layout.files import RESUME_ADVICE, resumable_record
 from lerobot_kit.core.parallel.dims import ParallelDims
 from lerobot_kit.core.run.output_dir import check_writable
 from lerobot_kit.core.run.resume_rules import check_resume_changes
@@ -79,6 +80,7 @@ def resolve_run(config: TrainConfig, world_size: int, restarts: Restarts = Resta
     check_writable(output_dir)
     discarded: tuple[Path, ...] = ()
     if resume_from is not None:
+        resumable_record(resume_from, RESUME_ADVICE)
         check_resume_changes(config, resume_from, output_dir, peft_base)
         if restarts.count == 0 and config.resume_from is not None:
             discarded = later_steps(output_dir, _step_number(resume_from))

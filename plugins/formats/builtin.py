@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lerobot_kit.core.checkpoint.weights import CheckpointFormat, ModelWeights, write_gathered, write_shards
+from lerobot_kit.api import CheckpointFormat, ModelWeights, write_gathered, write_shards
 
 
 class SafetensorsFormat(CheckpointFormat):

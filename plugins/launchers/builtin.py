@@ -1,6 +1,6 @@
 """The built-in launchers: torchrun/elastic, accelerate launch, SLURM srun, a plain process.
 
-The contract they implement (and plugin launchers too) is ``lerobot_kit.core.distributed.launcher``.
+The contract they implement (and plugin launchers too) is ``lerobot_kit.api.Launcher``.
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from lerobot_kit.core.distributed.launcher import DEFAULT_MASTER_PORT, Launcher, LaunchEnv, env_int
-from lerobot_kit.core.errors import ConfigError
+from lerobot_kit.api import DEFAULT_MASTER_PORT, ConfigError, LaunchEnv, Launcher, env_int
+
 
 def _validated(launch: LaunchEnv, source: str) -> LaunchEnv:
     if launch.world_size < 1 or not 0 <= launch.rank < launch.world_size or launch.local_rank < 0:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lerobot_kit.core.errors import ConfigError
+from lerobot_kit.api import ConfigError
 
 
 class MultiHeadAttention(nn.Module):

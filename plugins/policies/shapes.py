@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from lerobot_kit.core.data.dataset import DatasetMeta
+    from lerobot_kit.api import DatasetMeta
 
 Shapes = dict[str, tuple[int, ...]]
 

@@ -114,7 +114,7 @@ def test_a_peft_checkpoint_evaluates_as_its_merged_policy_and_as_during_training
 
 
 def test_a_trained_policy_reaches_nine_tenths_of_the_experts_success(tmp_path):
-    """The README figure in small (benchmarks/eval_success.py runs the README's own commands):
+    """The closed-loop figure of docs/performance.md in small (benchmarks/eval_success.py runs the README's commands):
     default ACT on the reach data, 1,000 steps at batch 32, then 20 episodes beside the expert. At 500 steps
     the policy reached 100% on one CPU and 75% on another (its floating-point kernels differ); at 1,000 it
     reaches 100% from every seed tried."""

@@ -447,7 +447,7 @@ def test_unset_reduce_dtype_reduces_in_param_dtype_on_this_torch(w2: list[dict])
     """On torch < 2.15 an unset reduce_dtype follows param_dtype (bf16 sums)."""
     assert tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 15), (
         "torch >= 2.15 reduces an unset reduce_dtype in the parameters' dtype: update core/parallel/precision.py, "
-        "the README and this test"
+        "docs/parallelism.md and this test"
     )
     for rank in w2:
         assert rank["reduce_unset"]["bf16_representable"] is True

@@ -56,7 +56,7 @@ SCENARIOS = {
     "bf16": ([*FLAGS, "--accelerator.mixed_precision=bf16"], (32,)),
 }
 CHECKPOINTING = "--accelerator.activation_checkpointing=true"
-TOLERANCE = 0.2
+TOLERANCE = 0.02  # docs/planning.md quotes it; the largest gap measured was 0.8% (checkpointed, batch 8)
 
 
 def _measured_peak(flags: list[str], batch_size: int) -> int:
@@ -121,7 +121,7 @@ def _child(outdir: Path) -> None:
 
 @pytest.mark.timeout(600)  # ~20 s on an idle 2-core machine; the margin is for a shared one
 def test_plan_activations_match_real_cpu_steps(tmp_path: Path) -> None:
-    """Within 20% of the measured peak at two batch sizes, with and without activation
+    """Within 2% of the measured peak at two batch sizes, with and without activation
     checkpointing, in float32 and under bf16 autocast.
 
     The plan comes from the flags without checkpointing, so its checkpointed figure also

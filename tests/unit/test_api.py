@@ -15,17 +15,21 @@ from conftest import TINY_ACT
 # deliberate change here, not a side effect of reorganising core.
 STABLE = {
     "hookimpl", "TrainConfig", "PolicyConfig", "DatasetConfig", "parse_train_config", "build_dataset",
-    "build_policy", "load_pretrained", "Policy", "PolicyProcessor", "PolicyDataset", "InMemoryDataset", "DatasetMeta", "FeatureSpec",
+    "build_policy", "load_pretrained", "load_peft_model", "merge_adapter", "Policy", "PolicyProcessor", "PolicyDataset", "InMemoryDataset", "DatasetMeta", "FeatureSpec",
     "compute_stats", "STATE_KEY", "ACTION_KEY", "IMAGE_PREFIX", "pad_key", "CheckpointFormat", "write_gathered",
     "write_shards", "load_any_weights", "read_safetensors", "is_peft_model", "MODEL_WEIGHTS", "ADAPTER_WEIGHTS",
     "DCP_MODEL_DIR", "ModelWeights", "model_weights", "gathered_state", "write_weights_file", "load_state",
     "Launcher", "LaunchEnv", "env_int", "LerobotError", "ConfigError", "CheckpointError",
-    "PluginError", "EnvConfig", "VectorEnv", "WeightShapes", "UnitGroup",
+    "PluginError", "EnvConfig", "VectorEnv", "WeightShapes",
+    # What the built-in plugins need beyond the above (they import nothing else):
+    "STAT_NAMES", "vector_stats", "PixelStats", "camera_to_float", "EpisodeWindows", "expand_delta_indices",
+    "DEFAULT_MASTER_PORT", "Observation", "Info", "feature_dims",
+    "UnitGroup",
 }
 
 LAZY = {"Policy", "PolicyProcessor", "CheckpointFormat", "write_gathered", "write_shards", "load_any_weights", "read_safetensors",
         "is_peft_model", "ModelWeights", "model_weights", "gathered_state", "write_weights_file",
-        "load_state"}
+        "load_state", "feature_dims"}
 TORCH_FREE = f"""
 import sys
 from lerobot_kit.api import {", ".join(sorted(STABLE - LAZY))}

@@ -80,6 +80,28 @@ def test_a_step_that_reads_tensor_values_is_planned_without_activations(monkeypa
     assert "total" in result.stdout  # the parameter, gradient and AdamW rows are there
 
 
+def test_the_plan_traces_the_preprocessor_the_policy_makes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a plugin policy that brings its own processors (the LeRobot bridge's do): the plan
+    runs that preprocessor, not the default normalisation, so it measures what the run feeds
+    the model. Here it feeds every sample twice, which doubles the activations."""
+    default = ACTPolicy.make_processors.__func__  # type: ignore[attr-defined]
+    calls: list[str] = []
+
+    def upscaling(cls: type[ACTPolicy], config: Any, meta: Any) -> Any:
+        pre, post = default(cls, config, meta)
+
+        def twice(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            calls.append("pre")
+            return {key: torch.cat([value, value]) for key, value in pre(batch).items()}
+
+        return twice, post
+
+    before = _plan([], 1)["activations"]["peak_bytes"]
+    monkeypatch.setattr(ACTPolicy, "make_processors", classmethod(upscaling))
+    after = _plan([], 1)["activations"]["peak_bytes"]
+    assert calls and 1.8 * before < after < 2.2 * before, (before, after)
+
+
 def test_sharded_bf16_computes_activations_in_bf16() -> None:
     """FSDP2's param_dtype makes the units compute (and save) bf16 tensors: about half the float32 figure."""
     fp32 = _plan(["--parallelism.dp_shard=2"], 2)["activations"]["peak_bytes"]

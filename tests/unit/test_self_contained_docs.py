@@ -1,5 +1,5 @@
-"""Code, comments and READMEs stand alone: none cites a design or requirements document
-that is not in the repository (a rule worth keeping belongs in the README instead)."""
+"""Code, comments and docs stand alone: none cites a design or requirements document
+that is not in the repository (a rule worth keeping belongs in the docs instead)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from pathlib import Path
 from conftest import REPO
 
 CITATION = re.compile(r"\b" + "SPEC" + r"\b(?!_)|" + "DESIGN" + r"\.md|\(S\d+\.\d+\)")
-SCANNED = ("core", "plugins", "cli", "api", "contrib", "benchmarks", "tests")
+SCANNED = ("core", "plugins", "cli", "api", "contrib", "benchmarks", "tests", "docs")
 
 
 def _sources() -> list[Path]:
     files = [REPO / "README.md"]
     for top in SCANNED:
-        files += [p for p in (REPO / top).rglob("*") if p.suffix in (".py", ".md", ".toml", ".sh")]
+        files += [p for p in (REPO / top).rglob("*") if p.suffix in (".py", ".md", ".toml", ".sh", ".json")]
     own = Path(__file__).resolve()
     return [p for p in files if ".venv" not in p.parts and "build" not in p.parts and p.resolve() != own]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from lerobot_kit.core.errors import LerobotError
+from lerobot_kit.api import LerobotError
 
 if TYPE_CHECKING:
     import pyarrow as pa

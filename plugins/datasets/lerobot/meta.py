@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from lerobot_kit.core.data.dataset import STAT_NAMES, FeatureSpec
+from lerobot_kit.api import STAT_NAMES, FeatureSpec
 from lerobot_kit.plugins.datasets.lerobot.files import (
     LeRobotDatasetError,
     parquet_columns,

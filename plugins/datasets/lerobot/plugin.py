@@ -10,8 +10,7 @@ from typing import Callable, ClassVar
 
 from pydantic import Field, field_validator
 
-from lerobot_kit.core.config.schema import DatasetConfig
-from lerobot_kit.core.registry.hookspecs import hookimpl
+from lerobot_kit.api import DatasetConfig, hookimpl
 
 
 class LeRobotDatasetConfig(DatasetConfig):

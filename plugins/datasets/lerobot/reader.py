@@ -25,14 +25,12 @@ computed from the selected episodes (``stats``).
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lerobot_kit.core.data.dataset import DatasetMeta, PolicyDataset, camera_to_float, pad_key
-from lerobot_kit.core.data.windows import EpisodeWindows, expand_delta_indices
+from lerobot_kit.api import DatasetMeta, EpisodeWindows, PolicyDataset, camera_to_float, expand_delta_indices, pad_key
 from lerobot_kit.plugins.datasets.lerobot import images, video
 from lerobot_kit.plugins.datasets.lerobot.columns import FileColumns, episode_rows, open_file_columns
 from lerobot_kit.plugins.datasets.lerobot.files import LeRobotDatasetError, require_pil, require_pyarrow

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
-from lerobot_kit.core.data.dataset import PixelStats, vector_stats
+from lerobot_kit.api import PixelStats, vector_stats
 
 if TYPE_CHECKING:
     from lerobot_kit.plugins.datasets.lerobot.columns import FileColumns

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from lerobot_kit.core.errors import ConfigError
+from lerobot_kit.api import ConfigError
 from lerobot_kit.plugins.datasets.lerobot.files import LeRobotDatasetError
 
 VIDEO_EXTRA = "pip install 'lerobot-kit[video]' (or: pip install av)"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lerobot_kit.core.data.dataset import (
+from lerobot_kit.api import (
     ACTION_KEY,
     IMAGE_PREFIX,
     STATE_KEY,

@@ -6,8 +6,7 @@ from typing import Callable
 
 from pydantic import Field
 
-from lerobot_kit.core.config.schema import DatasetConfig
-from lerobot_kit.core.registry.hookspecs import hookimpl
+from lerobot_kit.api import DatasetConfig, hookimpl
 
 
 class ReachDatasetConfig(DatasetConfig):

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lerobot_kit.core.data.dataset import ACTION_KEY, STATE_KEY, FeatureSpec
-from lerobot_kit.core.eval.env import Info, Observation, VectorEnv
+from lerobot_kit.api import ACTION_KEY, STATE_KEY, FeatureSpec, Info, Observation, VectorEnv
 from lerobot_kit.plugins.datasets.reach.data import (
     ACTION_NAMES,
     FPS,

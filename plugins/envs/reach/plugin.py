@@ -1,4 +1,4 @@
-"""The built-in reach environment plugin (torch-free: ``lerobot --help`` imports it)."""
+"""The built-in reach environment plugin (torch-free: ``lerobot train --help`` and ``lerobot plugins`` import it)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ from typing import Callable
 
 from pydantic import Field
 
-from lerobot_kit.core.config.schema import EnvConfig
-from lerobot_kit.core.registry.hookspecs import hookimpl
+from lerobot_kit.api import EnvConfig, hookimpl
 
 
 class ReachEnvConfig(EnvConfig):

@@ -1,7 +1,7 @@
 """ACT's config fields (torch-free so `lerobot train --help` lists them without torch).
 
 Architecture follows LeRobot's ACT (Zhao et al. 2023); the defaults are sized for the
-embedded task on a CPU and documented in the README — raise them for real robots.
+embedded task on a CPU and documented in docs/configuration.md — raise them for real robots.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
-from lerobot_kit.core.config.schema import PolicyConfig
+from lerobot_kit.api import PolicyConfig
 
 if TYPE_CHECKING:
-    from lerobot_kit.core.data.dataset import DatasetMeta
+    from lerobot_kit.api import DatasetMeta
 
 
 class ACTConfig(PolicyConfig):

@@ -20,7 +20,7 @@ from lerobot_kit.plugins.policies.shapes import (
 )
 
 if TYPE_CHECKING:
-    from lerobot_kit.core.data.dataset import DatasetMeta
+    from lerobot_kit.api import DatasetMeta
     from lerobot_kit.plugins.policies.act.configuration import ACTConfig
 
 CONV_CHANNELS = 128  # modeling.ConvBackbone.out_channels

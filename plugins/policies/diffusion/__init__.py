@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from lerobot_kit.core.registry.hookspecs import hookimpl
+from lerobot_kit.api import hookimpl
 from lerobot_kit.plugins.policies.diffusion.configuration import DiffusionConfig
 
 

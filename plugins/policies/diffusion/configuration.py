@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
-from lerobot_kit.core.config.schema import PolicyConfig
+from lerobot_kit.api import PolicyConfig
 
 if TYPE_CHECKING:
-    from lerobot_kit.core.data.dataset import DatasetMeta
+    from lerobot_kit.api import DatasetMeta
 
 STATE_KEY = "observation.state"  # core.dataset.STATE_KEY, repeated: that module pulls numpy into --help
 ACTION_KEY = "action"

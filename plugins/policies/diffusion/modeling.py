@@ -27,9 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lerobot_kit.core.data.dataset import ACTION_KEY, STATE_KEY, DatasetMeta, pad_key
-from lerobot_kit.core.errors import ConfigError
-from lerobot_kit.core.model.policy import Policy, feature_dims
+from lerobot_kit.api import ACTION_KEY, STATE_KEY, ConfigError, DatasetMeta, Policy, feature_dims, pad_key
 from lerobot_kit.plugins.policies.attention import MultiHeadAttention
 from lerobot_kit.plugins.policies.diffusion.configuration import DiffusionConfig
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from lerobot_kit.plugins.policies.shapes import Shapes, attention, conv2d, feature_sizes, linear, norm
 
 if TYPE_CHECKING:
-    from lerobot_kit.core.data.dataset import DatasetMeta
+    from lerobot_kit.api import DatasetMeta
     from lerobot_kit.plugins.policies.diffusion.configuration import DiffusionConfig
 
 
