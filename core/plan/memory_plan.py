@@ -202,6 +202,8 @@ def plan_run(config: TrainConfig, world_size: int, device_memory_gb: float | Non
     step fits a device of that many GiB."""
     from lerobot_kit.core.data.build import build_dataset
     from lerobot_kit.core.model.policy import make_policy_processors
+    from lerobot_kit.core.model.processor import make_processors
+    from lerobot_kit.core.plan.activation_memory import policy_inputs
     from lerobot_kit.core.plan.activation_plan import plan_activations
     from lerobot_kit.core.run.assemble import build_model
     from lerobot_kit.core.run.spec import resolve_run
@@ -210,6 +212,12 @@ def plan_run(config: TrainConfig, world_size: int, device_memory_gb: float | Non
     dataset = build_dataset(config)
     built = build_model(spec, dataset.meta, torch.device("meta"))
     sharding = plan_model(built.model, spec.dims, config.accelerator, built.wrap)
-    preprocessor, _ = make_policy_processors(config.policy, dataset.meta)
+    if policy_inputs(config.policy):
+        # The policy's preprocessor makes entries from values a shape-only trace has not (a
+        # task's text, tokenized from files the plan need not have): the trace is given those
+        # entries by shape (``plan_inputs``) and the batch is only normalised.
+        preprocessor, _ = make_processors(config.policy, dataset.meta)
+    else:
+        preprocessor, _ = make_policy_processors(config.policy, dataset.meta)
     activations = plan_activations(built, spec, dataset.meta, preprocessor, sharding.device_bytes, device_memory_gb)
     return RunPlan(sharding, activations)

@@ -18,6 +18,7 @@ from lerobot_kit_lerobot.bridge_fields import PiSizes
 from lerobot_kit_lerobot.flow_noise import PerSampleDraws
 from lerobot_kit_lerobot.modeling import LerobotPI0, LerobotPI05, LerobotSmolVLA, freeze_unreached
 from lerobot_kit_lerobot.pi_overrides import modeling_module, pi_sizes
+from lerobot_kit_lerobot.vla_loss import flow_matching_loss
 
 BRIDGE = {"pi0": LerobotPI0, "pi05": LerobotPI05, "smolvla": LerobotSmolVLA}
 BATCH = 3
@@ -74,6 +75,23 @@ def test_joint_layers_compute_lerobots_forward(kind: str, vla_assets: Path) -> N
     assert bridged_grads.keys() == grads.keys() and len(grads) > 20
     for name, grad in grads.items():
         torch.testing.assert_close(bridged_grads[name], grad, rtol=1e-6, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("kind", ["pi0", "pi05", "smolvla"])
+def test_the_bridges_loss_is_lerobots(kind: str, vla_assets: Path) -> None:
+    """The loss composed from LeRobot's own calls, without its host-side metrics, equals
+    its policy's forward, and so do the gradients."""
+    results = []
+    for ours in (False, True):
+        policy = lerobot_policy(kind, vla_assets)
+        torch.manual_seed(7)
+        loss = flow_matching_loss(policy, batch()) if ours else policy.forward(batch())[0]
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in policy.named_parameters() if p.grad is not None}))
+    (theirs, their_grads), (loss, grads) = results
+    assert torch.equal(loss, theirs)
+    assert grads.keys() == their_grads.keys()
+    assert all(torch.equal(grads[name], grad) for name, grad in their_grads.items())
 
 
 @pytest.mark.parametrize("kind", ["pi0", "pi05", "smolvla"])

@@ -93,6 +93,17 @@ class LerobotPolicyConfig(PolicyConfig):
         to_lerobot_config(self)  # raises ValueError with LeRobot's own message
         return self
 
+    def plan_inputs(self) -> dict[str, tuple[list[int], str]]:
+        """Batch entries a run's preprocessor adds that the dataset has none of, by shape and
+        dtype name, for ``lerobot plan`` to trace the step without the preprocessor's files:
+        the language-conditioned policies' prompt tokens and mask, ``tokenizer_max_length``
+        long (the longest LeRobot's tokenizer step makes them)."""
+        if "tokenizer_max_length" not in self.lerobot_fields:
+            return {}
+        length = int(getattr(self, "tokenizer_max_length"))
+        return {"observation.language.tokens": ([length], "int64"),
+                "observation.language.attention_mask": ([length], "bool")}
+
     def lerobot_values(self) -> dict[str, Any]:
         """The LeRobot fields as JSON values (what LeRobot's config.json holds for them)."""
         dumped = self.model_dump(mode="json")

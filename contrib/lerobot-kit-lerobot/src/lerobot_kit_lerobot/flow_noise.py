@@ -12,7 +12,9 @@ the same step on any number of ranks, with the same distributions as LeRobot's.
 
 Inference (``select_action``) keeps LeRobot's draws from the global RNG. A resumed run
 counts its forwards from zero again, so it draws other noise than the uninterrupted run
-would have (like dropout, the draws are not part of a checkpoint).
+would have (like dropout, the draws are not part of a checkpoint). A shape-only trace
+(``lerobot plan``, on fake tensors) gets tensors of LeRobot's shapes and dtype without a
+draw: LeRobot's Beta sampler checks its parameters by value, which a fake tensor has not.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
 
 INDEX_KEY = "index"
 
@@ -42,6 +45,7 @@ class PerSampleDraws:
         self.seed = seed
         self.forwards = 0
         self._indices: list[int] | None = None
+        self._shape_only = False
         self._noise: Callable[..., Tensor] = model.sample_noise
         self._time: Callable[..., Tensor] = model.sample_time
         model.sample_noise = self.sample_noise
@@ -51,6 +55,13 @@ class PerSampleDraws:
     def for_batch(self, batch: dict[str, Any]) -> Iterator[None]:
         """Per-sample draws for this training batch (by its frame ``index``), then count it."""
         indices = batch.get(INDEX_KEY)
+        if indices is not None and is_fake(indices):  # a shape-only trace (lerobot plan)
+            self._shape_only = True
+            try:
+                yield
+            finally:
+                self._shape_only = False
+            return
         if indices is None:
             yield
             return
@@ -72,11 +83,15 @@ class PerSampleDraws:
         return torch.cat(rows)
 
     def sample_noise(self, shape: tuple[int, ...] | torch.Size, device: Any) -> Tensor:
+        if self._shape_only:
+            return torch.empty(shape, dtype=torch.float32, device=device)
         if self._indices is None or shape[0] != len(self._indices):
             return self._noise(shape, device)
         return self._per_sample(lambda: self._noise((1, *shape[1:]), device), 0, torch.device(device))
 
     def sample_time(self, bsize: int, device: Any) -> Tensor:
+        if self._shape_only:
+            return torch.empty(bsize, dtype=torch.float32, device=device)
         if self._indices is None or bsize != len(self._indices):
             return self._time(bsize, device)
         return self._per_sample(lambda: self._time(1, device), 1, torch.device(device))

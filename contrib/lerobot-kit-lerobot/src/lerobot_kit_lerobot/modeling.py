@@ -37,6 +37,7 @@ from lerobot_kit_lerobot.pi_overrides import modeling_module, pi_sizes, pi_token
 from lerobot_kit_lerobot.lerobot_config import to_lerobot_config
 from lerobot_kit_lerobot.processors import LerobotProcessor
 from lerobot_kit_lerobot.schema_gen import check_schema
+from lerobot_kit_lerobot.vla_loss import flow_matching_loss
 
 
 class LerobotPolicy(Policy):
@@ -216,8 +217,9 @@ class LerobotVLA(LerobotPolicy):
         raise NotImplementedError
 
     def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        """LeRobot's loss, without the metrics its forward reads back to the host (``vla_loss``)."""
         with self.draws.for_batch(batch) if self.training else contextlib.nullcontext():
-            return super().forward(batch)
+            return flow_matching_loss(self.lerobot, batch), {}
 
 
 class LerobotPi(LerobotVLA):
