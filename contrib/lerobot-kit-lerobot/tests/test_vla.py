@@ -51,7 +51,9 @@ def test_fsdp2_shards_each_joint_layer_pair_and_equals_one_process(runs: dict) -
     assert len(one) == len(two) == STEPS
     # The same global batch, the same per-sample noise: the same losses, to float rounding.
     assert two[:5] == pytest.approx(one[:5], rel=1e-4)
-    assert sum(two[-4:]) < 0.8 * sum(two[:4]), two
+    # Flow matching's loss is noisy step to step (fresh noise and time per sample): it falls
+    # from the untrained first step's and stays below.
+    assert sum(two[-8:]) / 8 < 0.8 * two[0], two
 
 
 def test_lerobot_loads_the_fsdp2_checkpoint_and_acts(runs: dict, work: Path, dataset_root: Path) -> None:
@@ -74,23 +76,43 @@ def test_fsdp2_run_resumes_on_one_process(runs: dict, work: Path, dataset_root: 
     result = train(work, "--resume=true", f"--config_path={config}", "--parallelism.dp_shard=null",
                    "--batch_size=8", root=dataset_root)
     assert "layout single" in result.stderr and f"steps 8→{STEPS}" in result.stderr
-    got, first = losses(resumed), losses(runs["fsdp"])[:4]
+    got, untrained = losses(resumed), losses(runs["fsdp"])[0]
     assert len(got) == STEPS and all(torch.isfinite(torch.tensor(got)))
-    assert sum(got[8:]) / 8 < 0.8 * sum(first) / 4, got  # it went on from the trained weights
+    assert sum(got[8:]) / 8 < 0.8 * untrained, got  # it went on from the trained weights
     policy, _, _ = load_with_lerobot(resumed / "checkpoints" / f"{STEPS:06d}" / "pretrained_model", kind)
     assert policy.config.chunk_size == 4
 
 
-def test_hsdp_2x2_equals_one_process(runs: dict, work: Path, dataset_root: Path, vla_assets: Path) -> None:
+def test_hsdp_2x2_with_activation_checkpointing_equals_one_process(
+    runs: dict, work: Path, dataset_root: Path, vla_assets: Path
+) -> None:
+    """Each joint layer pair recomputed in backward through its method, each vision layer
+    through its forward, on two replicas of two shards: the one-process run's losses."""
     kind = runs["kind"]
-    out = work / f"{kind}_hsdp"
+    out = work / f"{kind}_hsdp_ac"
     result = train(work, *FLAGS[kind](vla_assets), *RUN[:3], "--steps=2", f"--output_dir={out}",
-                   "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", "--batch_size=2", nproc=4,
-                   root=dataset_root)
+                   "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", "--batch_size=2",
+                   "--accelerator.activation_checkpointing=true", nproc=4, root=dataset_root)
     assert "layout hsdp | world 4" in result.stderr and "effective batch 8" in result.stderr
+    assert "(run by joint_layer), checkpointed" in result.stderr
     total, _, local = _parameters(result.stderr)
     assert local <= total / 2 * 1.01
     assert losses(out) == pytest.approx(losses(runs["single"])[:2], rel=1e-4)
+
+
+def test_gradient_accumulation_under_fsdp2_equals_one_process(work: Path, dataset_root: Path, vla_assets: Path,
+                                                              runs: dict) -> None:
+    """Two micro-batches per step, of 2 per rank under FSDP(2) and of 4 in one process: the
+    same micro-batches (the sampler's order follows the global micro-batch), the same losses;
+    no gradient is reduced until the second (FSDP's no-sync micro-step)."""
+    kind = runs["kind"]
+    accumulate = [*FLAGS[kind](vla_assets), *RUN[:3], "--steps=2", "--accelerator.gradient_accumulation.steps=2"]
+    one, two = work / f"{kind}_single_accum", work / f"{kind}_fsdp2_accum"
+    train(work, *accumulate, f"--output_dir={one}", "--batch_size=4", "--save_checkpoint=false", root=dataset_root)
+    result = train(work, *accumulate, f"--output_dir={two}", "--parallelism.dp_shard=2", "--batch_size=2",
+                   "--save_checkpoint=false", nproc=2, root=dataset_root)
+    assert "effective batch 8 = batch_size 2 × dp_world_size 2 × gradient_accumulation 2" in result.stderr
+    assert losses(two) == pytest.approx(losses(one), rel=1e-4)
 
 
 def _parameters(banner: str) -> tuple[float, float, float]:
