@@ -38,6 +38,7 @@ def lerobot_pi05_folder(target: Path) -> Path:
     """A ``pretrained_model/`` with only LeRobot's ``config.json`` for π0.5 at its defaults."""
     from lerobot.policies.pi05.configuration_pi05 import PI05Config
 
+    target.mkdir(parents=True, exist_ok=True)
     PI05Config(device="cpu")._save_pretrained(target)
     return target
 
