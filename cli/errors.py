@@ -4,7 +4,7 @@
   one line per problem, and its ``exit_code`` (1 problems, 2 usage).
 - An ``OSError`` that no layer below turned into a ``LerobotError`` is the machine's
   answer about a file (a read-only or full disk, a permission): one line naming the
-  path and the errno, exit code 1.
+  path and the errno, exit code 1. A ``MemoryError`` is the machine's too: one line, exit 1.
 - Anything else is a bug: one line saying so and how to report it, exit code 70,
   distinct from the user's problems.
 
@@ -43,6 +43,11 @@ def describe(exc: BaseException) -> tuple[list[str], int]:
         return str(exc).splitlines() or [type(exc).__name__], exc.exit_code
     if isinstance(exc, OSError):
         return [os_error_line(exc)], EXIT_PROBLEMS
+    if isinstance(exc, MemoryError):
+        return [
+            "out of memory: the run asked for more memory than this machine could give; lower the sizes the "
+            "flags set (--batch_size, the policy's widths, --dataset sizes, --num_workers)"
+        ], EXIT_PROBLEMS
     return [f"internal error: {type(exc).__name__}: {first_line(exc)}; {REPORT}"], EXIT_INTERNAL
 
 

@@ -22,3 +22,29 @@ def write_record(step_dir: Path, weights: str, checkpoint_format: str = "safeten
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record.to_json()))
     return path
+
+
+def write_resumable_step(step_dir: Path) -> Path:
+    """A one-process step folder whose record and files pass the resume's checks (the layout
+    table's required files, as empty stand-ins), for tests of what a resume decides, not of
+    what it loads. Files already there are kept."""
+    from lerobot_kit.core.layout import files
+
+    record = TrainingStep(
+        step=int(step_dir.name), lerobot_kit_version="0.1.0", dp_world_size=1, batch_size=8,
+        gradient_accumulation_steps=1, mixed_precision="no",
+        topology=Topology(world_size=1, dp_replicate=1, dp_shard=1, layout="single"),
+        checkpoint_format="safetensors", weights="gathered", optimizer="safetensors", peft=False,
+        sampler=SamplerPosition(epoch=0, offset=0, samples_seen=0),
+    )
+    record_file = step_dir / paths.TRAINING_STATE_DIR / paths.TRAINING_STEP
+    record_file.parent.mkdir(parents=True, exist_ok=True)
+    record_file.write_text(json.dumps(record.to_json()))
+    for file in files.required(files.CheckpointKind.of(record)):
+        path = step_dir / file.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if file.folder:
+            path.mkdir(exist_ok=True)
+        elif not path.exists():
+            path.write_text("{}")
+    return step_dir

@@ -3,7 +3,10 @@
 Before a save, every rank estimates the bytes it is about to write (its share) from its
 live tensors, and the ranks compare shares with the free space of the checkpoint folder
 (one small all-gather). If any rank lacks room, every rank stops at once with the same
-line naming the folder, the bytes needed and the bytes free, before anything is written.
+line naming the folder, the bytes needed and the bytes free, before anything is written;
+as they all stop at the same point, they close their process group together and each
+exits with the error's code (a rank that left its group to the interpreter's exit could
+die of SIGABRT tearing it down after a peer had gone).
 
 The estimate cannot see other writers: ranks that share one disk each count only their
 own share, and other programs keep writing. So a write may still fail with ``ENOSPC``:
@@ -37,6 +40,11 @@ OTHER_FILES_BYTES = 1 << 20
 
 class DiskFullError(CheckpointError):
     """The checkpoint does not fit on the disk; nothing of it is left behind."""
+
+
+class DiskSpaceRefused(DiskFullError):
+    """The check before a save found too little room: raised on every rank at the same step,
+    before anything is written, so the ranks can close their process group together."""
 
 
 def share_bytes(state: CheckpointState) -> int:
@@ -78,7 +86,7 @@ def free_bytes(folder: Path) -> int:
 
 
 def check_room(state: CheckpointState, step: int) -> int:
-    """Collective, before a save: ``DiskFullError`` on every rank when some rank's share does
+    """Collective, before a save: ``DiskSpaceRefused`` on every rank when some rank's share does
     not fit in the free space it sees. Returns the bytes all ranks will write together."""
     from lerobot_kit.core.distributed.process_group import all_gather_objects
 
@@ -89,10 +97,10 @@ def check_room(state: CheckpointState, step: int) -> int:
     short = [(rank, needed, free) for rank, needed, free in everyone if needed > free]
     if short:
         rank, needed, free = short[0]
-        raise DiskFullError(
+        raise DiskSpaceRefused(
             f"checkpoint of step {step} not written: {folder} has {_mb(free)} free and rank {rank} needs about "
-            f"{_mb(needed)} for its part ({_mb(total)} for all ranks); {_last_text(state.output_dir)}; free space or keep fewer "
-            "checkpoints (--keep_last_checkpoints), then resume"
+            f"{_mb(needed)} for its part ({_mb(total)} for all ranks); {_last_text(state.output_dir)}; free space or "
+            "keep fewer checkpoints (--keep_last_checkpoints), then resume"
         )
     return total
 
@@ -120,8 +128,8 @@ def disk_full(state: CheckpointState, step: int, needed_total: int) -> DiskFullE
         removed = f"the main process removes {tmp.name}"
     return DiskFullError(
         f"checkpoint of step {step} not written: the disk of {folder} is full (No space left on device while "
-        f"writing it; it needs about {_mb(needed_total)}; {removed}); {_last_text(state.output_dir)}; free space or keep fewer "
-        "checkpoints (--keep_last_checkpoints), then resume"
+        f"writing it; it needs about {_mb(needed_total)}; {removed}); {_last_text(state.output_dir)}; free space or "
+        "keep fewer checkpoints (--keep_last_checkpoints), then resume"
     )
 
 

@@ -118,16 +118,6 @@ class Restored:
     record: TrainingStep
 
 
-def _check_resumable(step_dir: Path, record: TrainingStep) -> None:
-    """Refuse what this version writes differently: a sharded run's gathered optimizer state."""
-    if record.sharded and not (step_dir / paths.TRAINING_STATE_DIR / paths.DCP_OPTIMIZER_DIR).is_dir():
-        raise CheckpointError(
-            f"{step_dir}: a sharded run whose optimizer state is not in {paths.DCP_OPTIMIZER_DIR}/ "
-            "(the older gathered-optimizer layout); it cannot be resumed, but its weights can still be "
-            "loaded with --policy.path"
-        )
-
-
 def restore_checkpoint(state: CheckpointState, step_dir: Path) -> Restored:
     """Collective: load weights, optimizer, the JSON pieces and RNG onto the current topology.
 
@@ -144,7 +134,6 @@ def restore_checkpoint(state: CheckpointState, step_dir: Path) -> Restored:
     if problem is not None:
         raise CheckpointError(problem)
     record = resumable_record(step_dir, RESUME_ADVICE)
-    _check_resumable(step_dir, record)
     pretrained, state_dir = step_dir / paths.PRETRAINED_DIR, step_dir / paths.TRAINING_STATE_DIR
     checkpoint_format(record.checkpoint_format).load_weights(
         state.weights, pretrained, distributed=ctx.distributed, is_main=ctx.is_main

@@ -122,5 +122,13 @@ def resumable_record(step_dir: Path, advice: str) -> TrainingStep:
     if not record_file.is_file():
         raise CheckpointError(f"{record_file}: missing ({ALWAYS}); the checkpoint is incomplete: {advice}")
     record = read_training_step(step_dir)
+    state_dir = Path(step_dir) / T
+    gathered_optimizer = (state_dir / paths.OPTIMIZER_STATE).is_file()
+    if record.sharded and gathered_optimizer and not (state_dir / paths.DCP_OPTIMIZER_DIR).is_dir():
+        raise CheckpointError(
+            f"{step_dir}: a sharded run whose optimizer state is not in {paths.DCP_OPTIMIZER_DIR}/ "
+            "(the older gathered-optimizer layout); it cannot be resumed, but its weights can still be "
+            "loaded with --policy.path"
+        )
     check_complete(step_dir, record, advice)
     return record

@@ -2,19 +2,18 @@
 
 0. Wrap units — resolved once per run by ``wrap_units.resolve_wrap_units`` when the
    model is built (``core.run.assemble``), and handed in here as a value.
-1. Mesh — ``ParallelDims.build_mesh``: named axes dp_replicate, dp_shard, cp, tp.
-2. Tensor/context parallelism — the policy's own ``parallelize_tp_cp`` hook
-   (``tensor_parallel``); nothing while tp = cp = 1.
-3. Activation checkpointing — each unit (``activation_checkpointing``), if enabled; a
+1. Mesh — ``ParallelDims.build_mesh``: named axes dp_replicate, dp_shard, cp, tp (cp and
+   tp are refused above 1 when the degrees are resolved: no stage splits a model yet).
+2. Activation checkpointing — each unit (``activation_checkpointing``), if enabled; a
    unit group through the method that runs it.
-4. Compile — each unit (``compile``), if enabled: after AC so the recomputation is
+3. Compile — each unit (``compile``), if enabled: after AC so the recomputation is
    compiled too, before FSDP so its gathers stay outside the graphs.
-5. Data parallelism — FSDP2 per unit then the root (``fsdp``) for sharded layouts,
+4. Data parallelism — FSDP2 per unit then the root (``fsdp``) for sharded layouts,
    DDP or nothing (``ddp``) for replicated ones.
-6. Initial weights — sharded runs broadcast the main process's weights into every
-   rank's shards (``fsdp.broadcast_initial_weights``); DDP broadcasts in step 5.
+5. Initial weights — sharded runs broadcast the main process's weights into every
+   rank's shards (``fsdp.broadcast_initial_weights``); DDP broadcasts in step 4.
 
-Every step before 5 changes the model in place and keeps parameter names, so state-dict
+Every step before 4 changes the model in place and keeps parameter names, so state-dict
 keys — and so checkpoints — are the same whichever steps are enabled.
 """
 
@@ -30,7 +29,6 @@ from lerobot_kit.core.parallel.ddp import apply_ddp
 from lerobot_kit.core.parallel.dims import ParallelDims
 from lerobot_kit.core.parallel.fsdp import apply_fsdp, broadcast_initial_weights, full_state_of_main
 from lerobot_kit.core.parallel.parallelized import Parallelized
-from lerobot_kit.core.parallel.tensor_parallel import apply_tensor_parallel
 from lerobot_kit.core.parallel.wrap_units import WrapUnits
 
 
@@ -57,7 +55,6 @@ def parallelize(
         check_compile_supported(device)  # before any collective, so a refusal is one line on every rank
     mesh = dims.build_mesh(device.type)
     full_state = full_state_of_main(model) if dims.sharded and weights_from_main else {}
-    apply_tensor_parallel(model, dims, mesh)
     if accel.activation_checkpointing:
         apply_activation_checkpointing(model, list(wrap.paths))
         checkpoint_groups(model, wrap.groups)

@@ -4,19 +4,70 @@ The loop asks ``stop_now`` before each step and reports ``step_started`` /
 ``step_finished``; behind them sit the stop-on-signal agreement (``preemption``), the
 hang watchdog (``watchdog``) and, in tests only, fault injection (``fault_injection``).
 So the loop stays one straight path, and each concern is a module of its own.
+
+``guarded_run`` wraps the whole of ``train``: its stop handlers are installed at the first
+line of start-up, and the process's exit code is the one the run ended with.
 """
 
 from __future__ import annotations
 
+import functools
 import signal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, TypeVar
 
+from lerobot_kit.core.checkpoint.disk_space import DiskSpaceRefused
 from lerobot_kit.core.run import fault_injection
-from lerobot_kit.core.run.preemption import StopAgreement, StopSignals
+from lerobot_kit.core.run.nonfinite import NonFiniteError
+from lerobot_kit.core.run.preemption import (
+    RunStopped,
+    StartupStopped,
+    StopAgreement,
+    StopSignals,
+    installed_stop_signals,
+    startup_stopped,
+)
 from lerobot_kit.core.run.watchdog import StepWatchdog
 
 if TYPE_CHECKING:
+    from lerobot_kit.core.config.schema import TrainConfig
     from lerobot_kit.core.run.components import RunComponents
+
+Result = TypeVar("Result")
+
+# Raised on every rank at the same step, after the ranks agreed on it (a non-finite step, a
+# save the disk cannot hold): like a stop, the ranks close their process group together.
+EVERY_RANK_ERRORS = (NonFiniteError, DiskSpaceRefused)
+
+
+def guarded_run(train: Callable[[TrainConfig], Result]) -> Callable[[TrainConfig], Result]:
+    """``train`` with the stop signals handled from its first line.
+
+    During start-up a stop signal ends the run at once with ``RunStopped`` (exit code 75,
+    as a stop at a step boundary); ``RunGuards`` takes the same handlers over for the loop.
+    A run that ends on a stop or on an error every rank agreed on has only its exit left:
+    from there on signals are ignored (``RunGuards.finish``), so that every rank exits with
+    the run's code — torchrun signals the ranks still exiting as soon as one has exited.
+    """
+
+    @functools.wraps(train)
+    def run(config: TrainConfig) -> Result:
+        requests = StopSignals(config.preemption, starting=True)
+        requests.install()
+        try:
+            result = train(config)
+        except StartupStopped as exc:
+            requests.ignore()
+            raise startup_stopped(exc.signal) from exc
+        except (RunStopped, *EVERY_RANK_ERRORS):
+            requests.ignore()
+            raise
+        except BaseException:
+            requests.restore()
+            raise
+        requests.restore()
+        return result
+
+    return run
 
 
 class RunGuards:
@@ -24,7 +75,9 @@ class RunGuards:
 
     def __init__(self, run: RunComponents) -> None:
         config, ctx = run.config, run.ctx
-        self.requests = StopSignals(config.preemption, ctx.rank)
+        installed = installed_stop_signals()
+        self._own_handlers = installed is None
+        self.requests = installed or StopSignals(config.preemption, ctx.rank)
         self.agreement = StopAgreement(self.requests, ctx.distributed)
         timeout = config.parallelism.step_timeout_s
         self.watchdog = StepWatchdog(timeout, ctx.rank) if timeout is not None else None
@@ -32,7 +85,9 @@ class RunGuards:
 
     def start(self) -> None:
         """Just before the first step: from here on a signal stops the run at a step boundary."""
-        self.requests.install()
+        if self._own_handlers:
+            self.requests.install()
+        self.requests.loop_started()
         if self.watchdog is not None:
             self.watchdog.start()
 
@@ -59,9 +114,16 @@ class RunGuards:
         for fault in self.faults:
             fault.step_finished(step)
 
-    def finish(self) -> None:
-        """After the loop and its last checkpoint: default signal handling again."""
+    def finish(self, agreed_error: bool = False) -> None:
+        """After the loop and its last checkpoint, or as an error of ``EVERY_RANK_ERRORS`` leaves
+        it (``agreed_error``). Under ``guarded_run``, a run that stopped on a signal or on such
+        an error has nothing left for a signal to stop — its ranks close their process group
+        and exit with the run's code — so signals are ignored from here; a run that went to
+        its end gets default signal handling back, as it does outside ``guarded_run``."""
         self.agreement.close()
         if self.watchdog is not None:
             self.watchdog.close()
-        self.requests.restore()
+        if not self._own_handlers and (agreed_error or self.stopped_by is not None):
+            self.requests.ignore()
+        else:
+            self.requests.restore()

@@ -17,6 +17,13 @@ SIGINT on, and a terminal's Ctrl-C reaches every process of the foreground group
 request often arrives twice within milliseconds; only a signal more than
 ``REPEAT_GRACE_S`` after the first counts as a second one, which ends the process at once
 without a checkpoint (the previous one stays intact).
+
+Before the first step there is nothing to save and no step boundary to wait for, while
+start-up (building the dataset and its stats, the model, restoring a checkpoint) can take
+minutes: a request then stops the run at once. The handler, installed when ``train``
+starts (``core.run.guards.guarded_run``), raises ``StartupStopped`` wherever the process
+is, and the run ends with ``STOPPED_EXIT_CODE`` as after a stop at a step boundary: the
+rerun starts where this one did.
 """
 
 from __future__ import annotations
@@ -41,6 +48,20 @@ class RunStopped(LerobotError):
     exit_code = STOPPED_EXIT_CODE
 
 
+class StartupStopped(BaseException):
+    """Raised by the stop handler during start-up. A ``BaseException``, as ``KeyboardInterrupt``
+    is, so that the code it interrupts does not take it for one of its own errors."""
+
+    def __init__(self, signum: signal.Signals) -> None:
+        super().__init__(signum.name)
+        self.signal = signum
+
+
+def startup_stopped(signum: signal.Signals) -> RunStopped:
+    return RunStopped(f"stopped by {signum.name} during start-up, before the first step; no checkpoint was written, "
+                      "so rerunning the same command starts where this one did")
+
+
 def run_stopped(signal_name: str, step: int, steps: int, checkpoint: str | None, saving: bool) -> RunStopped:
     """The line a stopped run ends with; ``checkpoint`` is known on the main process only."""
     if not saving:
@@ -52,28 +73,64 @@ def run_stopped(signal_name: str, step: int, steps: int, checkpoint: str | None,
 
 
 class StopSignals:
-    """Signal handlers that record a stop request (main thread only: Python's rule)."""
+    """Signal handlers that record a stop request (main thread only: Python's rule); while
+    ``starting``, they raise ``StartupStopped`` instead.
 
-    def __init__(self, config: PreemptionConfig, rank: int) -> None:
+    ``rank`` None: the ``RANK`` the launcher exported, read when a signal arrives (a handler
+    installed before the process group knows its rank only from there).
+    """
+
+    def __init__(self, config: PreemptionConfig, rank: int | None = None, *, starting: bool = False) -> None:
         self.signals = [signal.Signals(n) for n in config.signal_numbers()]
-        self.rank = rank
+        self._rank = rank
+        self.starting = starting
         self.received: signal.Signals | None = None
         self._received_at = 0.0
         self._previous: dict[signal.Signals, Any] = {}
 
+    @property
+    def rank(self) -> int:
+        return self._rank if self._rank is not None else int(os.environ.get("RANK", "0"))
+
     def install(self) -> None:
+        global _installed
         for signum in self.signals:
             self._previous[signum] = signal.signal(signum, self._handle)
+        _installed = self
+
+    def loop_started(self) -> None:
+        """From the first step on, a request is recorded and the ranks stop at a step boundary."""
+        self.starting = False
 
     def restore(self) -> None:
+        global _installed
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+        if _installed is self:
+            _installed = None
+
+    def ignore(self) -> None:
+        """The run has ended, on a stop or an error every rank agreed on; only closing its
+        process group and exiting are left. A signal now (torchrun signals the ranks still
+        exiting once the first has exited) must not turn the exit code the run ended with
+        into a death by signal, as it would under the default handlers, which Python's exit
+        puts back in place of its own: the signals are ignored until the exit."""
+        global _installed
+        for signum in self.signals:
+            signal.signal(signum, signal.SIG_IGN)
+        self._previous.clear()
+        if _installed is self:
+            _installed = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()
         if self.received is None:
             self.received, self._received_at = signal.Signals(signum), now
+            if self.starting:
+                _say(f"rank {self.rank}: {self.received.name} received during start-up; stopping now (no step has "
+                     "run, so there is nothing to save)")
+                raise StartupStopped(self.received)
             _say(f"rank {self.rank}: {self.received.name} received; stopping at the next step boundary with a "
                  f"checkpoint (a second signal ends the run at once, without one)")
             return
@@ -82,6 +139,14 @@ class StopSignals:
         _say(f"rank {self.rank}: {signal.Signals(signum).name} received again; exiting now without a checkpoint")
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
+
+
+_installed: StopSignals | None = None  # signal handlers are the process's: one set at a time
+
+
+def installed_stop_signals() -> StopSignals | None:
+    """The handlers ``guarded_run`` installed for this run, if it runs under it."""
+    return _installed
 
 
 class StopAgreement:

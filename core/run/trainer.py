@@ -25,7 +25,7 @@ from lerobot_kit.core.model.peft import unwrapped_policy
 from lerobot_kit.core.model.policy import Policy
 from lerobot_kit.core.parallel.precision import autocast_dtype
 from lerobot_kit.core.run.components import RunComponents
-from lerobot_kit.core.run.guards import RunGuards
+from lerobot_kit.core.run.guards import EVERY_RANK_ERRORS, RunGuards
 from lerobot_kit.core.run.metrics_log import append_row, drop_rows_after
 from lerobot_kit.core.run.nonfinite import NonFiniteError, NonFiniteGuard, weights_finite
 from lerobot_kit.core.run.progress import Progress
@@ -128,9 +128,9 @@ class Trainer:
         letting a checkpoint still being written finish: nothing is saved from that state."""
         try:
             return self._fit()
-        except NonFiniteError:
+        except EVERY_RANK_ERRORS:
             self.saver.finish()
-            self.guards.finish()
+            self.guards.finish(agreed_error=True)
             raise
 
     def _fit(self) -> TrainResult:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from records import write_resumable_step
+
 from lerobot_kit.core.config.flags import parse_train_config
 from lerobot_kit.core.errors import CheckpointError, ConfigError
 from lerobot_kit.core.run.spec import Restarts, resolve_run
@@ -17,8 +19,7 @@ def run_with_checkpoints(root: Path, *steps: int) -> Path:
     """A run folder as the trainer leaves it: step folders and ``last`` on the newest."""
     checkpoints = root / "run" / "checkpoints"
     for step in steps:
-        for sub in ("pretrained_model", "training_state"):
-            (checkpoints / f"{step:06d}" / sub).mkdir(parents=True)
+        write_resumable_step(checkpoints / f"{step:06d}")
     (checkpoints / "last").symlink_to(f"{max(steps):06d}")
     return root / "run"
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from records import write_resumable_step
+
 from lerobot_kit.core.config.flags import parse_train_config
 from lerobot_kit.core.errors import CheckpointError, ConfigError
 from lerobot_kit.core.run.spec import Restarts, resolve_run
@@ -22,8 +24,8 @@ def recorded_run(tmp_path: Path, *steps: int, last: bool = True) -> Path:
     for step in steps:
         pretrained = run / "checkpoints" / f"{step:06d}" / "pretrained_model"
         pretrained.mkdir(parents=True)
-        (pretrained.parent / "training_state").mkdir()
         (pretrained / "train_config.json").write_text(json.dumps(spec.recorded_config()))
+        write_resumable_step(pretrained.parent)
     if last:
         (run / "checkpoints" / "last").symlink_to(f"{max(steps):06d}")
     return run

@@ -275,7 +275,8 @@ def read_stats(root: Path, features: dict[str, FeatureSpec]) -> dict[str, dict[s
         stats[key] = {}
         for name in (*STAT_NAMES, *(q for q in QUANTILE_NAMES if q in entry)):
             try:
-                value = np.asarray(entry[name], dtype=np.float32)
+                with np.errstate(over="ignore"):  # beyond float32's range: inf, refused below
+                    value = np.asarray(entry[name], dtype=np.float32)
             except (TypeError, ValueError) as exc:
                 raise LeRobotDatasetError(f"{path}: {key}.{name} is not numeric ({exc})") from exc
             if value.size != math.prod(shape):
@@ -283,5 +284,23 @@ def read_stats(root: Path, features: dict[str, FeatureSpec]) -> dict[str, dict[s
                     f"{path}: {key}.{name} has {value.size} values; expected shape {list(shape)} "
                     "(stats do not match meta/info.json)"
                 )
+            _check_finite_stat(path, key, name, entry[name], value)
             stats[key][name] = value.reshape(shape)
     return stats
+
+
+def _check_finite_stat(path: Path, key: str, name: str, written: Any, value: np.ndarray) -> None:
+    """Normalising with a NaN or infinite stat (also a number beyond float32's range, which
+    becomes one) turns every batch, then every weight, into NaN at the first step."""
+    bad = np.flatnonzero(~np.isfinite(value))
+    if not len(bad):
+        return
+    first = int(bad[0])
+    where = "".join(f"[{int(i)}]" for i in np.unravel_index(first, value.shape))
+    shown = np.asarray(written, dtype=object).ravel()[first]
+    more = f" ({len(bad)} of its {value.size} values are not finite)" if len(bad) > 1 else ""
+    raise LeRobotDatasetError(
+        f"{path}: {key}.{name}{where} is {shown!r}, not a finite float32{more}; normalising with it would turn "
+        f"every weight into NaN. fix: correct it, or remove the {key!r} entry from {STATS_FILE} to have its stats "
+        "computed from the data"
+    )
