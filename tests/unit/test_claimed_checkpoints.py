@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from plugin_dists import fresh_registry, make_distribution
+
 from lerobot_kit.core.config.flags import parse_train_config
-from lerobot_kit.core.registry.registry import reset_registry
-from plugin_dists import make_distribution
 
 CLAIMING_PLUGIN = """
 from typing import Any
@@ -46,9 +46,8 @@ def lerobot_register_policies(register):
 def claiming_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     site = make_distribution(tmp_path / "site", "claimplug", CLAIMING_PLUGIN)
     monkeypatch.syspath_prepend(str(site))
-    reset_registry()
+    fresh_registry(monkeypatch)
     yield
-    reset_registry()
     sys.modules.pop("claimplug", None)
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
+from torch.distributed.checkpoint import FileSystemReader
 
 from conftest import ACTION_DIM, copy_crashed, losses, tiny_pi, tiny_smolvla, train
 from lerobot_side import act_on, assert_same_weights, load_with_lerobot, observation, sharded_weights
@@ -113,6 +115,27 @@ def test_gradient_accumulation_under_fsdp2_equals_one_process(work: Path, datase
                    "--save_checkpoint=false", nproc=2, root=dataset_root)
     assert "effective batch 8 = batch_size 2 × dp_world_size 2 × gradient_accumulation 2" in result.stderr
     assert losses(two) == pytest.approx(losses(one), rel=1e-4)
+
+
+def test_train_expert_only_with_a_bf16_frozen_base_under_fsdp2(work: Path, dataset_root: Path, vla_assets: Path) -> None:
+    """LeRobot's bf16 mode (``--policy.dtype=bfloat16``) with ``train_expert_only``: PaliGemma
+    frozen and stored in bf16, sharded like everything else; the expert trainable, kept in
+    fp32 under bf16 autocast; AdamW state for the expert only."""
+    out = work / "pi05_bf16_expert_only"
+    result = train(work, *tiny_pi(vla_assets), *RUN[:3], "--steps=3", f"--output_dir={out}",
+                   "--parallelism.dp_shard=2", "--batch_size=4", "--policy.dtype=bfloat16",
+                   "--policy.train_expert_only=true", "--accelerator.mixed_precision=bf16", nproc=2, root=dataset_root)
+    total, trainable, local = _parameters(result.stderr)
+    assert trainable < 0.3 * total and local <= total / 2 * 1.01, result.stderr
+    assert len(losses(out)) == 3 and all(torch.isfinite(torch.tensor(losses(out))))
+    step = out / "checkpoints" / "000003"
+    weights = load_file(step / "pretrained_model" / "model.safetensors")
+    layer = "model.paligemma_with_expert.{}.layers.2.mlp.up_proj.weight"
+    assert weights[layer.format("paligemma.model.language_model")].dtype == torch.bfloat16  # frozen, stored bf16
+    assert weights[layer.format("gemma_expert.model")].dtype == torch.float32  # trained in fp32
+    optimizer = FileSystemReader(str(step / "training_state" / "optimizer_0")).read_metadata().state_dict_metadata
+    assert any("gemma_expert.model.layers" in key for key in optimizer)
+    assert not any("paligemma.model" in key for key in optimizer)  # frozen: no AdamW state
 
 
 def _parameters(banner: str) -> tuple[float, float, float]:

@@ -160,3 +160,26 @@ def test_per_sample_draws_do_not_depend_on_the_split(vla_assets: Path) -> None:
     outside = model.sample_noise((2, 4, 8), "cpu")  # no batch: LeRobot's own draw from the global RNG
     torch.manual_seed(5)
     assert torch.equal(outside, torch.normal(0.0, 1.0, (2, 4, 8)))
+
+
+def test_quantile_normalisation_without_quantile_stats_is_one_clear_error() -> None:
+    """π0.5 normalises state and action by quantiles by default; a dataset whose stats lack
+    them is refused before anything is built, naming the flag that avoids them."""
+    import numpy as np
+
+    from lerobot_kit.api import ConfigError, DatasetMeta, FeatureSpec
+    from lerobot_kit_lerobot.configuration import CONFIG_CLASSES
+    from lerobot_kit_lerobot.modeling import check_quantile_stats
+
+    features = {"observation.state": FeatureSpec("float32", (3,)), "action": FeatureSpec("float32", (3,))}
+    plain = {name: np.zeros(3, np.float32) for name in ("mean", "std", "min", "max")}
+    meta = DatasetMeta(features=features, stats={"observation.state": plain, "action": plain}, fps=10,
+                       num_episodes=1, num_frames=10)
+    config = CONFIG_CLASSES["pi05"]()
+    with pytest.raises(ConfigError, match="normalises 'observation.state' by QUANTILES, which needs the dataset's "
+                                          "q01/q99 stats, but its meta/stats.json has no q01/q99 for it"):
+        check_quantile_stats(config, meta)
+    quantiles = {**plain, "q01": np.zeros(3, np.float32), "q99": np.ones(3, np.float32)}
+    check_quantile_stats(config, DatasetMeta(features=features, stats={"observation.state": quantiles,
+                                                                        "action": quantiles}, fps=10,
+                                             num_episodes=1, num_frames=10))

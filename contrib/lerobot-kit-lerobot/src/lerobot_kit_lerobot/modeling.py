@@ -199,7 +199,7 @@ class LerobotVLA(LerobotPolicy):
     """A vision-language-action policy of LeRobot (π0, π0.5, SmolVLA): a VLM and an action
     expert whose layers attend jointly, trained by flow matching.
 
-    Sharding: the joint layers are unit groups run by their method (``joint``), the
+    Sharding: the joint layers are unit groups run by their method (``joint_layer``), the
     vision tower's layers units by class, the token embedding and the (never called)
     language-model heads units by path; what remains in the root is small (projections,
     norms, the vision embeddings). Flow-matching noise and time are drawn per sample
@@ -216,14 +216,43 @@ class LerobotVLA(LerobotPolicy):
     def install_joint(self) -> None:
         raise NotImplementedError
 
+    # The flag naming the hub files LeRobot loads for this policy (a local folder works offline).
+    files_flag: ClassVar[str]
+    files_needed: ClassVar[str]
+
+    def build_lerobot(self) -> PreTrainedPolicy:
+        with files_from(self.config, self.files_flag, self.files_needed):
+            return super().build_lerobot()
+
+    @classmethod
+    def make_processors(cls, config: LerobotPolicyConfig, meta: DatasetMeta) -> tuple[PolicyProcessor, PolicyProcessor]:
+        with files_from(config, cls.files_flag, cls.files_needed):
+            return super().make_processors(config, meta)
+
     def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         """LeRobot's loss, without the metrics its forward reads back to the host (``vla_loss``)."""
         with self.draws.for_batch(batch) if self.training else contextlib.nullcontext():
             return flow_matching_loss(self.lerobot, batch), {}
 
 
+@contextlib.contextmanager
+def files_from(config: LerobotPolicyConfig, flag: str, needed: str) -> Iterator[None]:
+    """A hub id or folder that holds none of the files LeRobot loads is one error line naming the flag."""
+    try:
+        yield
+    except OSError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"--policy.{flag}={getattr(config, flag)}: LeRobot cannot load {needed} from it ({reason}); give a "
+            "local folder holding them (the hub is used only when it is reachable and the name is a hub id)"
+        ) from exc
+
+
 class LerobotPi(LerobotVLA):
     """π0 and π0.5: PaliGemma (SigLIP + Gemma) and a Gemma action expert."""
+
+    files_flag = "tokenizer_name"
+    files_needed = "PaliGemma's tokenizer (tokenizer.json, tokenizer_config.json)"
 
     _fsdp_wrap_modules = ["SiglipEncoderLayer"]
     # LeRobot's own default (PI0Policy/PI05Policy._get_default_peft_targets): the expert's
@@ -283,6 +312,8 @@ class LerobotSmolVLA(LerobotVLA):
     """SmolVLA: SmolVLM (its vision encoder and first layers) and a smaller expert."""
 
     lerobot_type = "smolvla"
+    files_flag = "vlm_model_name"
+    files_needed = "its VLM's config and processor (config.json, processor and tokenizer files)"
     _fsdp_wrap_modules = ["SmolVLMEncoderLayer"]
     # LeRobot's own default (SmolVLAPolicy._get_default_peft_targets).
     default_peft_targets = (
@@ -315,11 +346,10 @@ def check_quantile_stats(config: LerobotPolicyConfig, meta: DatasetMeta) -> None
     dataset's q01/q99 stats; refuse, before building anything, a dataset without them."""
     modes = {"QUANTILES": ("q01", "q99"), "QUANTILE10": ("q10", "q90")}
     mapping = config.normalization_mapping  # type: ignore[attr-defined]
-    features = {"STATE": [k for k in meta.features if k == "observation.state"], "ACTION": ["action"]}
-    for kind, keys in features.items():
-        needed = modes.get(str(mapping.get(kind)))
-        for key in keys:
-            missing = [name for name in needed or () if name not in meta.stats.get(key, {})]
+    for kind, key in (("STATE", "observation.state"), ("ACTION", "action")):
+        needed = modes.get(str(mapping.get(kind)), ())
+        if key in meta.features:
+            missing = [name for name in needed if name not in meta.stats.get(key, {})]
             if missing:
                 raise ConfigError(
                     f"policy.type={config.type} normalises {key!r} by {mapping[kind]}, which needs the dataset's "
