@@ -130,5 +130,5 @@ def test_missing_vla_files_are_one_line_naming_the_flag(tmp_path: Path, dataset_
     result = run(["train", "--dataset.repo_id=bridge/reach", f"--dataset.root={dataset_root}", *flags], tmp_path,
                  check=False)
     lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("WARNING")]
-    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr  # a usage error
     assert lines[-1].startswith(f"error: {message}"), result.stderr
