@@ -1,16 +1,17 @@
-"""The README's memory table: ``lerobot plan`` for LeRobot's π0.5 at its full default size
-(SigLIP + gemma_2b + gemma_300m, 4.14 B parameters) in several layouts, offline.
+"""The LeRobot bridge README's memory table: ``lerobot plan`` for LeRobot's π0.5 at its full
+default size (SigLIP + gemma_2b + gemma_300m, 4.14 B parameters) in several layouts, offline.
 
 Each row holds what ``lerobot plan --world_size=N ... --plan.device_memory_gb=G`` prints,
 from the same functions (``plan_model`` for the per-rank bytes, ``StepTracer`` for the
 activations of a traced step, ``largest_batch`` for the fit), in one process: LeRobot is
 imported once, and a training mode's traces (activations at each batch size, which the
 layout does not change) are shared by its rows. No weights, no tokenizer and no network
-are needed; a dataset gives the features (``--dataset.root``, e.g. the one
-``toy_dataset.py`` writes). The LoRA row starts from a ``--policy.path`` folder holding
+are needed; a dataset gives the features (``--dataset.root``, e.g. the one the bridge's
+``tools/toy_dataset.py`` writes). Needs LeRobot and the bridge: run it with the python of
+the venv ``contrib/lerobot-kit-lerobot/ci.sh`` builds. The LoRA row starts from a ``--policy.path`` folder holding
 only LeRobot's ``config.json`` for π0.5 (a plan never reads weights).
 
-    python tools/plan_table.py --dataset.root=DATA [--repo_id=bridge/reach]
+    $VENV/bin/python benchmarks/vla_plan_table.py --dataset.root=DATA [--repo_id=bridge/reach]
 """
 
 from __future__ import annotations
