@@ -95,7 +95,9 @@ class Trainer:
         metrics, the global gradient norm (sync steps) and whether the update was applied."""
         run = self.run
         parallel, scaler, optimizer = run.parallel, run.scaler, run.optimizer
-        batch = {k: v.to(run.ctx.device, non_blocking=True) for k, v in batch.items()}
+        # Text (a frame's task) stays on the host; the policy's preprocessor tokenizes it.
+        batch = {k: v.to(run.ctx.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+                 for k, v in batch.items()}
         batch = run.preprocessor(batch)
         with contextlib.nullcontext() if sync else parallel.no_sync():
             with self._autocast():
