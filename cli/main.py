@@ -33,11 +33,19 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> object:
         """Every subcommand words its own errors; this catches what escapes one (its module
-        failing to import, say), so that no command ends in a raw traceback."""
+        failing to import, say), so that no command ends in a raw traceback. A flag that
+        click's options refuse is one ``error:`` line, exit code 2, like train's flags."""
         from lerobot_kit.cli.errors import command_errors
+        from lerobot_kit.core.errors import ConfigError
 
         with command_errors():
-            return super().invoke(ctx)
+            try:
+                return super().invoke(ctx)
+            except click.UsageError as exc:
+                command = " ".join(filter(None, [ctx.command_path, ctx.invoked_subcommand]))
+                listed = "flags" if ctx.invoked_subcommand else "commands"
+                message = " ".join(exc.format_message().split())
+                raise ConfigError(f"{message} (`{command} --help` lists the {listed})") from exc
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         with formatter.section("Commands"):

@@ -93,10 +93,19 @@ def split_plan_flags(args: list[str]) -> PlanFlags:
     )
 
 
+MAX_WORLD_SIZE = 2**31 - 1  # torch.distributed counts ranks in int32
+MAX_DEVICE_MEMORY_GB = 2.0**20  # 1 PiB: past any device, and the batch search would trace absurd sizes
+
+
 def _world_size(value: str | None) -> int | None:
-    if value is not None and (not value.isdigit() or int(value) < 1):
-        raise ConfigError(f"--{WORLD_SIZE_FLAG}={value}: expected a positive number of processes")
-    return None if value is None else int(value)
+    if value is None:
+        return None
+    digits = value.isascii() and value.isdigit() and len(value) <= len(str(MAX_WORLD_SIZE))
+    if not (digits and 1 <= int(value) <= MAX_WORLD_SIZE):
+        raise ConfigError(
+            f"--{WORLD_SIZE_FLAG}={_cut(value)}: expected a positive number of processes, at most {MAX_WORLD_SIZE}"
+        )
+    return int(value)
 
 
 def _device_memory_gb(value: str | None) -> float | None:
@@ -106,9 +115,17 @@ def _device_memory_gb(value: str | None) -> float | None:
         gib = float(value)
     except ValueError:
         gib = math.nan
-    if not (math.isfinite(gib) and gib > 0):
-        raise ConfigError(f"--{DEVICE_MEMORY_FLAG}={value}: expected a positive number of GiB per rank, e.g. 80")
+    if not 0 < gib <= MAX_DEVICE_MEMORY_GB:  # also false for nan
+        raise ConfigError(
+            f"--{DEVICE_MEMORY_FLAG}={_cut(value)}: expected a positive number of GiB per rank, at most "
+            f"{MAX_DEVICE_MEMORY_GB:.0f}, e.g. 80"
+        )
     return gib
+
+
+def _cut(value: str, limit: int = 40) -> str:
+    """A flag's value as typed, cut short: it is echoed in an error line."""
+    return value if len(value) <= limit else f"{value[:limit]}... ({len(value)} characters)"
 
 
 def human_bytes(n: int) -> str:
@@ -267,9 +284,11 @@ def run_plan(args: list[str]) -> None:
                 f"lerobot plan needs --{WORLD_SIZE_FLAG}=N, the number of processes the run would launch"
             )
         from lerobot_kit.core.config.flags import parse_train_config
+
+        config = parse_train_config(flags.train_args)  # before torch is imported: bad flags answer at once
         from lerobot_kit.core.plan.memory_plan import plan_run
 
-        plan = plan_run(parse_train_config(flags.train_args), flags.world_size, flags.device_memory_gb)
+        plan = plan_run(config, flags.world_size, flags.device_memory_gb)
         if flags.as_json:
             click.echo(json.dumps(plan.to_json(), indent=2))
         else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import textwrap
 from pathlib import Path
+from typing import Any
 
 
 def make_distribution(root: Path, name: str, module_source: str, entry_name: str | None = None) -> Path:
@@ -24,3 +25,14 @@ def env_with(*paths: Path, **extra: str) -> dict[str, str]:
     """Environment for a subprocess that sees the distributions in ``paths``."""
     pythonpath = os.pathsep.join([*map(str, paths), os.environ.get("PYTHONPATH", "")])
     return {"PYTHONPATH": pythonpath, **extra}
+
+
+def fresh_registry(monkeypatch: Any) -> None:
+    """Make this process discover plugins again on the next ``get_registry()`` (plugins installed
+    at run time); the registry it had comes back when the test ends."""
+    import importlib
+
+    from lerobot_kit.core.registry import registry
+
+    importlib.invalidate_caches()
+    monkeypatch.setattr(registry, "_REGISTRY", None)

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from lerobot_kit.core.checkpoint.weights import write_weights_file
 from lerobot_kit.core.config.schema import PolicyConfig
+from lerobot_kit.core.config.validation_errors import file_line
 from lerobot_kit.core.data.dataset import DatasetMeta
 from lerobot_kit.core.errors import CheckpointError
 from lerobot_kit.core.layout.json_file import read_json
@@ -167,7 +168,10 @@ def _read_policy(directory: Path) -> tuple[PolicyConfig, DatasetMeta]:
     try:
         config = get_registry().policy(policy_type).config_class.model_validate(config_json)
     except ValidationError as exc:
-        raise CheckpointError(f"{directory / POLICY_CONFIG}: not a valid {policy_type!r} config: {exc}") from None
+        raise CheckpointError(
+            f"{directory / POLICY_CONFIG}: not a valid {policy_type!r} config: {file_line(exc.errors())}; the checkpoint is "
+            "damaged or was written by another version"
+        ) from exc
     try:
         meta = DatasetMeta.from_json(_read_json(directory / DATASET_META))
     except (KeyError, TypeError, ValueError) as exc:

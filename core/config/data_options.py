@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from lerobot_kit.core.config.bounds import within_int64
+
 # type -> kwargs it accepts. These are the types of LeRobot's default transforms.
 TRANSFORM_TYPES: dict[str, tuple[str, ...]] = {
     "Identity": (),
@@ -37,7 +39,14 @@ DEFAULT_TRANSFORMS: dict[str, dict[str, Any]] = {
 
 
 class _Options(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    """As ``Section``: unknown keys are errors, integers within int64, floats finite."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _numbers_in_range(cls, value: Any) -> Any:
+        return within_int64(value)
 
 
 class ImageTransformConfig(_Options):
@@ -124,8 +133,8 @@ def transform_ranges(kind: str, kwargs: dict[str, Any]) -> dict[str, tuple[float
             continue
         centred = name in ("hue", "degrees")
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if value < 0:
-                raise ValueError(f"{name} as one number must be >= 0, got {value}")
+            if not 0 <= value < math.inf:
+                raise ValueError(f"{name} as one number must be finite and >= 0, got {value}")
             low, high = (-float(value), float(value)) if centred else (max(0.0, 1 - value), 1.0 + value)
         else:
             low, high = _pair(name, value)

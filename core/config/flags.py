@@ -8,30 +8,33 @@ string for pydantic's lax coercion. Flags are deep-merged over ``--config_path``
 from __future__ import annotations
 
 import difflib
-import json
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
+from lerobot_kit.core.config import json_input
 from lerobot_kit.core.config.schema import DatasetConfig, EnvConfig, PolicyConfig, Section, TrainConfig
+from lerobot_kit.core.config.validation_errors import file_line, flag_lines, shown
 from lerobot_kit.core.errors import CheckpointError, ConfigError, LerobotError
+from lerobot_kit.core.layout.file_rules import policy_config_problems
 
 CONFIG_PATH_FLAG = "config_path"
 POLYMORPHIC = {"policy": ("policy", PolicyConfig), "dataset": ("dataset", DatasetConfig), "env": ("env", EnvConfig)}
 
 
-def parse_value(text: str) -> Any:
+def parse_value(text: str, flag: str) -> Any:
     stripped = text.strip()
     if stripped[:1] in "[{":
         try:
-            return json.loads(stripped)
-        except json.JSONDecodeError:
+            return json_input.decode(stripped)
+        except json_input.UnusableJson as exc:
             # Python-style single quotes are a common slip in shells.
             try:
-                return json.loads(stripped.replace("'", '"'))
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"value {text!r} looks like JSON but does not parse: {exc.msg}") from exc
+                return json_input.decode(stripped.replace("'", '"'))
+            except json_input.UnusableJson:
+                fix = exc.fix or "write a JSON list or object, with double quotes around strings"
+                raise ConfigError(f"--{flag}: the value looks like JSON but is unusable: {exc}; {fix}") from exc
     if stripped.lower() in ("null", "none"):
         return None
     return text
@@ -59,7 +62,7 @@ def flags_to_dict(args: list[str]) -> dict[str, Any]:
             if not isinstance(child, dict):
                 raise ConfigError(f"flag --{key} conflicts with --{part} given as a value")
             node = child
-        node[parts[-1]] = parse_value(value)
+        node[parts[-1]] = parse_value(value, key)
         i += 1
     return tree
 
@@ -76,31 +79,11 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def read_config_file(path: str) -> dict[str, Any]:
     """The JSON object in ``path``; any way it cannot be one is a one-line ``ConfigError``."""
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"--config_path={path}: no such file; give the path of a train_config.json")
     try:
-        text = file.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise ConfigError(f"--config_path={path}: cannot be read ({exc.strerror}); check its permissions") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"--config_path={path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
-            "save it as UTF-8 JSON, e.g. a train_config.json a run wrote"
-        ) from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"--config_path={path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
-            "fix the file or give a train_config.json a run wrote"
-        ) from exc
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"--config_path={path}: expected a JSON object at the top level, got a {type(data).__name__} "
-            "(a config file maps sections to fields: {\"policy\": {...}, \"steps\": 1000})"
-        )
-    return data
+        return json_input.read_object(Path(path))
+    except json_input.UnusableJson as exc:
+        fix = exc.fix or "give a JSON config file, such as the train_config.json a run writes"
+        raise ConfigError(f"--config_path={path}: {exc}; {fix}") from exc
 
 
 def merge_sources(file: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
@@ -119,50 +102,6 @@ def merge_sources(file: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]
     return merged
 
 
-def _field_names(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    """Names of the fields at ``loc`` inside ``model`` (for did-you-mean)."""
-    current: Any = model
-    for part in loc:
-        if not (isinstance(current, type) and issubclass(current, BaseModel)):
-            return []
-        field = current.model_fields.get(str(part))
-        if field is None:
-            return []
-        current = _model_in(field.annotation)
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
-    return []
-
-
-def _model_in(annotation: Any) -> Any:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in get_args(annotation):
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    if get_origin(annotation) is None:
-        return None
-    return None
-
-
-def format_validation_error(exc: ValidationError, model: type[BaseModel], prefix: str = "") -> list[str]:
-    lines = []
-    for err in exc.errors():
-        loc = tuple(err["loc"])
-        path = (prefix + ".".join(str(p) for p in loc)).rstrip(".") or "config"
-        if err["type"] == "extra_forbidden":
-            siblings = _field_names(model, loc[:-1])
-            hint = difflib.get_close_matches(str(loc[-1]), siblings, n=1)
-            suggestion = f"; did you mean --{prefix}{'.'.join([*map(str, loc[:-1]), hint[0]])}?" if hint else ""
-            lines.append(f"--{path}: unknown flag{suggestion}")
-        else:
-            given = err.get("input")
-            shown = f" (got {given!r})" if not isinstance(given, dict) else ""
-            lines.append(f"--{path}: {err['msg']}{shown}")
-    return lines
-
-
 def resolve_section(raw: dict[str, Any], key: str, problems: list[str], typed_by_file: bool = False) -> Section | None:
     """Validate ``raw[key]`` with the config class its ``type`` names in the registry.
 
@@ -176,11 +115,16 @@ def resolve_section(raw: dict[str, Any], key: str, problems: list[str], typed_by
     kind, base = POLYMORPHIC[key]
     value = raw.get(key) or {}
     if not isinstance(value, dict):
-        problems.append(f"--{key}: expected a section, got {value!r}")
+        problems.append(f"--{key}: expected a section, got {shown(value)}")
         return None
     value = dict(value)
+    given = frozenset(value)
+    pretrained = value.get("path") if key == "policy" and "type" not in value else None
     if key == "policy" and value.get("path") and "type" not in value:
-        value = deep_merge(_pretrained_policy_config(value["path"]), value)
+        saved = _pretrained_policy_config(value["path"])
+        claimed = _claiming_type(saved)
+        # A type that claims the checkpoint reads its files itself: only the type is set here.
+        value = {**value, "type": claimed} if claimed else deep_merge(saved, value)
     if key == "dataset" and "type" not in value and value.get("repo_id"):
         value["type"] = "lerobot"
     type_name = value.setdefault("type", base.model_fields["type"].default)
@@ -202,8 +146,25 @@ def resolve_section(raw: dict[str, Any], key: str, problems: list[str], typed_by
     try:
         return config_class.model_validate(value)
     except ValidationError as exc:
-        problems.extend(format_validation_error(exc, config_class, prefix=f"{key}."))
+        if pretrained:
+            _refuse_damaged_pretrained(exc, given, pretrained, type_name)
+        problems.extend(flag_lines(exc, config_class, prefix=f"{key}."))
         return None
+
+
+def _refuse_damaged_pretrained(exc: ValidationError, given: frozenset[str], path: str, type_name: str) -> None:
+    """A ``CheckpointError`` when fields that no flag set, read from the ``config.json`` of
+    ``--policy.path``, are what the policy rejects: the checkpoint is damaged or of another
+    version, which no flag fixes. Problems with the fields the flags set stay flag errors."""
+    from_file = [
+        err for err in exc.errors()
+        if (err["loc"] and str(err["loc"][0]) not in given) or (not err["loc"] and given <= {"path"})
+    ]
+    if from_file:
+        raise CheckpointError(
+            f"--policy.path={path}: {_pretrained_config_file(path)}: not a valid {type_name!r} config: "
+            f"{file_line(from_file)}; the checkpoint is damaged or was written by another version"
+        ) from exc
 
 
 def _other_types_by_field(kind: str, selected: str) -> dict[str, list[str]]:
@@ -219,17 +180,40 @@ def _other_types_by_field(kind: str, selected: str) -> dict[str, list[str]]:
     return owners
 
 
-def _pretrained_policy_config(path: str) -> dict[str, Any]:
-    """The ``config.json`` of ``--policy.path``, by the rule every checkpoint reader checks it with."""
-    from lerobot_kit.core.layout.file_rules import policy_config_problems
-    from lerobot_kit.core.layout.json_file import read_json
-    from lerobot_kit.core.layout.paths import POLICY_CONFIG, find_pretrained_dir
+def _claiming_type(saved: dict[str, Any]) -> str | None:
+    """The registered policy type whose config class claims a pretrained ``config.json``
+    written by another library (its classmethod ``claims_pretrained(saved) -> bool``, as
+    the LeRobot bridge's types recognise LeRobot's files), else None: the file's own
+    ``type`` is then a lerobot-kit type, read as it is."""
+    from lerobot_kit.core.registry.registry import get_registry
 
-    config_file = find_pretrained_dir(Path(path)) / POLICY_CONFIG
-    config = read_json(config_file)
+    registry = get_registry()
+    for name in registry.names("policy"):
+        claims = getattr(registry.policy(name).config_class, "claims_pretrained", None)
+        if callable(claims) and claims(saved):
+            return name
+    return None
+
+
+def _pretrained_config_file(path: str) -> Path:
+    from lerobot_kit.core.layout.paths import find_pretrained_dir
+
+    return find_pretrained_dir(Path(path)) / "config.json"
+
+
+def _pretrained_policy_config(path: str) -> dict[str, Any]:
+    config_file = _pretrained_config_file(path)
+    try:
+        config = json_input.read_object(config_file)
+    except json_input.UnusableJson as exc:
+        raise CheckpointError(
+            f"--policy.path={path}: {config_file}: {exc}; the checkpoint is damaged: give another --policy.path"
+        ) from exc
     problems = policy_config_problems(config)
     if problems:
-        raise CheckpointError(f"{config_file}: {problems[0]}; the checkpoint is damaged: load an earlier step folder")
+        raise CheckpointError(
+            f"--policy.path={path}: {config_file}: {problems[0]}; the checkpoint is damaged: give another --policy.path"
+        )
     return config
 
 
@@ -247,7 +231,7 @@ def build_train_config(raw: dict[str, Any], typed_by_file: frozenset[str] = froz
     try:
         config = TrainConfig.model_validate(rest)
     except ValidationError as exc:
-        problems.extend(format_validation_error(exc, TrainConfig))
+        problems.extend(flag_lines(exc, TrainConfig))
     if config is not None:
         formats = get_registry().names("checkpoint_format")
         if config.checkpoint_format not in formats:
@@ -276,7 +260,3 @@ def parse_train_config(args: list[str]) -> TrainConfig:
         and not (isinstance(flags.get(key), dict) and "type" in flags[key])
     )
     return build_train_config(merge_sources(raw, flags), typed_by_file)
-
-
-def load_train_config_file(path: str | Path) -> TrainConfig:
-    return build_train_config(read_config_file(str(path)))

@@ -12,13 +12,20 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SerializeAsAny, field_validator
 
+from lerobot_kit.core.config.bounds import Seconds, Seed, within_int64
 from lerobot_kit.core.config.data_options import ImageTransformsConfig, SamplerConfig
 
 
 class Section(BaseModel):
-    """Base of every config section: unknown keys are errors, assignments validated."""
+    """Base of every config section: unknown keys are errors, assignments validated, every
+    number usable (integers within int64, floats finite: ``core.config.bounds``)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _numbers_in_range(cls, value: Any) -> Any:
+        return within_int64(value)
 
 
 class PolicyConfig(Section):
@@ -75,11 +82,11 @@ class ParallelismConfig(Section):
     )
     cp: int = Field(1, ge=1, description="Context-parallel degree (mesh axis 'cp'); only 1 is supported yet.")
     tp: int = Field(1, ge=1, description="Tensor-parallel degree (mesh axis 'tp'); only 1 is supported yet.")
-    timeout_s: int = Field(600, ge=1, description="Collective timeout in seconds; a hung rank fails the run after it.")
-    step_timeout_s: int | None = Field(
-        None, ge=1, description="A rank stuck in one training step (data, forward, backward, optimizer) longer "
+    timeout_s: Seconds = Field(600, description="Collective timeout in seconds; a hung rank fails the run after it.")
+    step_timeout_s: Seconds | None = Field(
+        None, description="A rank stuck in one training step (data, forward, backward, optimizer) longer "
         "than this prints every thread's stack with its rank and step and exits 124, so the launcher restarts "
-        "the group; saves and the first step after a start are not counted. Unset: no limit.",
+        "the group; saves are not counted, the first step after a start (warm-up, compile) gets 10x. Unset: no limit.",
     )
 
 
@@ -181,14 +188,23 @@ class EnvConfig(Section):
     type: str = Field("reach", description="Evaluation environment type, from the plugin registry (`lerobot plugins`).")
 
 
+MAX_EPISODES = 1_000_000
+
+
 class EvalConfig(Section):
     """Closed-loop evaluation. Episodes run in batches of ``batch_size`` (one vectorised
     environment each); a batch is the unit dealt to ranks, so results depend on
     ``(checkpoint, seed, n_episodes, batch_size)`` and not on the number of processes."""
 
-    n_episodes: int = Field(50, ge=1, description="Episodes per evaluation; episode i starts from seed --seed + i (in training too).")
+    # The episodes' batches and results are held in memory as lists: a million is past any evaluation.
+    n_episodes: int = Field(
+        50, ge=1, le=MAX_EPISODES,
+        description="Episodes per evaluation; episode i starts from seed --seed + i (in training too).",
+    )
     batch_size: int = Field(4, ge=1, description="Environments stepped together (and the unit of work of a rank).")
-    max_episodes_rendered: int = Field(4, ge=0, description="Record the first N episodes as mp4 videos (PyAV).")
+    max_episodes_rendered: int = Field(
+        4, ge=0, le=MAX_EPISODES, description="Record the first N episodes as mp4 videos (PyAV)."
+    )
 
 
 class PreemptionConfig(Section):
@@ -248,13 +264,13 @@ class TrainConfig(Section):
         None, exclude=True, description="JSON config to start from (flags override it); a checkpoint's "
         "train_config.json with --resume=true resumes that checkpoint.",
     )
-    seed: int = Field(1000, description="Seed of weights, data order and dropout.")
+    seed: Seed = Field(1000, description="Seed of weights, data order and dropout (0 to 2**32 - 1).")
     steps: int = Field(1000, ge=1, description="Loop steps (micro-batches per worker), not optimizer updates.")
     batch_size: int = Field(8, ge=1, description="Micro-batch per data-parallel worker.")
     num_workers: int | None = Field(
-        None, ge=0, description="DataLoader worker processes per rank (default: the rank's share of CPU cores - 1, "
-        "at most 4, for data read from files; 0 for data held in memory, such as the reach task; 0 loads in the "
-        "training process)."
+        None, ge=0, le=256, description="DataLoader worker processes per rank (default: the rank's share of CPU "
+        "cores - 1, at most 4, for data read from files; 0 for data held in memory, such as the reach task; 0 loads "
+        "in the training process; at most 256)."
     )
     log_freq: int = Field(100, ge=1, description="Log every N steps.")
     save_checkpoint: bool = Field(True, description="Write checkpoints.")

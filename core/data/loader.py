@@ -279,13 +279,20 @@ class TrainingLoader:
         Workers ignore the stop signals, so that a preempted run can save a checkpoint
         first; multiprocessing's exit handler stops workers with SIGTERM and then waits for
         them, so after an error it would wait forever. DataLoader has no public way to stop
-        persistent workers; its iterator's shutdown is what its own finaliser calls.
+        persistent workers; its iterator's shutdown is what its own finaliser calls. That
+        shutdown asks each worker to finish, then sends it SIGTERM, which ours ignore: a
+        worker still alive after it is stuck (in a read that never returns, say) and is
+        killed, or the process could never exit.
         """
         workers, self._workers = self._workers, None
         atexit.unregister(self.close)
         shutdown = getattr(workers, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
+        for worker in getattr(workers, "_workers", ()):
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
 
     def _worker_failure(self, exc: RuntimeError) -> Exception:
         text = str(exc)

@@ -13,8 +13,10 @@ from pathlib import Path
 
 from pydantic import Field, SerializeAsAny, ValidationError
 
-from lerobot_kit.core.config.flags import flags_to_dict, format_validation_error, resolve_section
+from lerobot_kit.core.config.bounds import Seed
+from lerobot_kit.core.config.flags import flags_to_dict, resolve_section
 from lerobot_kit.core.config.schema import EnvConfig, EvalConfig, Section
+from lerobot_kit.core.config.validation_errors import flag_lines
 from lerobot_kit.core.errors import ConfigError
 
 DEFAULT_OUTPUT_ROOT = Path("outputs/eval")
@@ -30,7 +32,7 @@ class EvalRunConfig(Section):
     policy: EvalPolicyConfig = Field(default_factory=EvalPolicyConfig)
     env: SerializeAsAny[EnvConfig] = Field(default_factory=EnvConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
-    seed: int = Field(1000, description="Episode i starts from seed + i (the expert runs the same seeds).")
+    seed: Seed = Field(1000, description="Episode i starts from seed + i (the expert runs the same seeds).")
     output_dir: str | None = Field(
         None, description="Where eval_info.json, videos/ and rollouts.png go (default outputs/eval/<date>/<time>_<env>)."
     )
@@ -44,7 +46,7 @@ def parse_eval_config(args: list[str]) -> EvalRunConfig:
     try:
         config = EvalRunConfig.model_validate({k: v for k, v in raw.items() if k != "env"})
     except ValidationError as exc:
-        problems.extend(format_validation_error(exc, EvalRunConfig))
+        problems.extend(flag_lines(exc, EvalRunConfig))
     if config is not None and not config.policy.path:
         problems.append("--policy.path: required; give the checkpoint to evaluate (e.g. outputs/train/<run>/checkpoints/last)")
     if problems:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
+from lerobot_kit.core.config.validation_errors import file_line
 from lerobot_kit.core.errors import LerobotError
 from lerobot_kit.core.layout.paths import DATASET_META, POLICY_CONFIG
 
@@ -62,9 +63,7 @@ def expected_shapes(config: dict[str, Any], meta: Any) -> Expected:
     try:
         policy_config = config_class.model_validate(config)
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(map(str, first["loc"])) or "config"
-        return Expected(None, "", [(POLICY_CONFIG, f"not a valid {policy_type!r} config: {where}: {first['msg']}")])
+        return Expected(None, "", [(POLICY_CONFIG, f"not a valid {policy_type!r} config: {file_line(err.errors())}")])
     if meta is None:
         return Expected(None, "", [(DATASET_META, "missing; the model's shapes depend on the dataset features")])
     from lerobot_kit.core.data.dataset import DatasetMeta

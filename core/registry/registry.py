@@ -197,10 +197,3 @@ def get_registry() -> Registry:
         pm.add_hookspecs(hookspecs)
         _REGISTRY = _collect(pm, _load_plugins(pm))
     return _REGISTRY
-
-
-def reset_registry() -> None:
-    """Forget the registry (tests that install plugins at run time)."""
-    global _REGISTRY
-    _REGISTRY = None
-    importlib.invalidate_caches()

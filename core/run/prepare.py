@@ -25,7 +25,7 @@ from lerobot_kit.core.distributed.process_group import (
     init_distributed,
     shutdown,
 )
-from lerobot_kit.core.errors import CheckpointError, ConfigError
+from lerobot_kit.core.errors import LerobotError
 from lerobot_kit.core.layout.training_step import TrainingStep
 from lerobot_kit.core.parallel.parallelized import Parallelized
 from lerobot_kit.core.parallel.pipeline import parallelize
@@ -34,8 +34,9 @@ from lerobot_kit.core.run.assemble import build_model
 from lerobot_kit.core.run.banner import format_banner
 from lerobot_kit.core.run.components import RunComponents
 from lerobot_kit.core.run.evaluation import evaluation_hooks
-from lerobot_kit.core.run.nonfinite import NonFiniteError
+from lerobot_kit.core.run.guards import EVERY_RANK_ERRORS, guarded_run
 from lerobot_kit.core.run.optim import build_optimizer, build_scheduler
+from lerobot_kit.core.run.output_lock import Claimant, OutputLock
 from lerobot_kit.core.run.preemption import run_stopped
 from lerobot_kit.core.run.publish import publish_final
 from lerobot_kit.core.run.resume_optim import apply_optimizer_config
@@ -56,16 +57,28 @@ def setup_logging(is_main: bool) -> None:
     logger.propagate = False
 
 
+@guarded_run
 def train(config: TrainConfig) -> TrainResult:
     check_accelerate_env(os.environ)
     ctx = init_distributed(config.parallelism.timeout_s)
     setup_logging(ctx.is_main)
+    # The main process locks the output folder as soon as the spec has chosen it and holds it
+    # until the run has ended, however it ends (kill -9 aside: a later run takes a dead run's
+    # lock over); the other ranks are part of its run and never touch it.
+    lock = OutputLock(Claimant.current(restarting=ctx.restart_count >= 1))
+    try:
+        return _train_and_publish(config, ctx, lock)
+    finally:
+        lock.release()
+
+
+def _train_and_publish(config: TrainConfig, ctx: DistContext, lock: OutputLock) -> TrainResult:
     # No ``finally``: on an error a peer may be dead, and shutdown's barrier would wait for
     # it until the collective timeout; exiting non-zero tears the group down instead.
     try:
-        result = _train(config, ctx)
-    except NonFiniteError:
-        shutdown(ctx)  # every rank stopped at the same step: the group closes cleanly
+        result = _train(config, ctx, lock)
+    except EVERY_RANK_ERRORS:
+        shutdown(ctx)  # every rank stopped at the same point: the group closes cleanly
         raise
     shutdown(ctx)
     if result.stopped_by is not None:  # exit code 75: the scheduler requeues, the restart continues
@@ -77,19 +90,24 @@ def train(config: TrainConfig) -> TrainResult:
     return result
 
 
-def agree_on_spec(config: TrainConfig, ctx: DistContext) -> RunSpec:
-    """The main process resolves the spec (one clock, one look at the disk); the others follow."""
+def agree_on_spec(config: TrainConfig, ctx: DistContext, lock: OutputLock | None = None) -> RunSpec:
+    """The main process resolves the spec (one clock, one look at the disk); the others follow.
+
+    With ``lock``, the main process takes the output folder's lock before it reads the
+    folder; its failure, like any refusal, reaches every rank.
+    """
     outcome: object = None
     if ctx.is_main:
         try:
-            outcome = resolve_run(config, ctx.world_size, Restarts(ctx.restart_count, ctx.max_restarts))
-        except (ConfigError, CheckpointError) as exc:
+            outcome = resolve_run(config, ctx.world_size, Restarts(ctx.restart_count, ctx.max_restarts),
+                                  claim_folder=None if lock is None else lock.acquire)
+        except (LerobotError, OSError) as exc:
             outcome = exc
     outcome = broadcast_object(ctx, outcome)
     if isinstance(outcome, Exception):
         raise outcome
     assert isinstance(outcome, RunSpec)
-    if outcome.resume_note:
+    if outcome.resume_note and outcome.nothing_left is None:  # else that line says it all
         logger.info(outcome.resume_note)
     return outcome
 
@@ -106,12 +124,14 @@ class PreparedRun:
     dataset_len: int
 
 
-def prepare_run(config: TrainConfig, ctx: DistContext) -> PreparedRun:
-    """Everything before the loop; collective. Also the entry for tools that inspect a run."""
+def prepare_run(config: TrainConfig, ctx: DistContext, spec: RunSpec | None = None) -> PreparedRun:
+    """Everything before the loop; collective. Also the entry for tools that inspect a run:
+    they pass no ``spec``, which is then agreed on here without the output folder's lock
+    (they write nothing to the folder)."""
     from lerobot_kit.core.data.build import build_dataset
     from lerobot_kit.core.model.policy import make_policy_processors
 
-    spec = agree_on_spec(config, ctx)
+    spec = spec or agree_on_spec(config, ctx)
     dims = spec.dims
     dataset = build_dataset(config)
     preprocessor, postprocessor = make_policy_processors(config.policy, dataset.meta)
@@ -135,8 +155,12 @@ def prepare_run(config: TrainConfig, ctx: DistContext) -> PreparedRun:
     return PreparedRun(run, loader, loader.sampler, start_step, position, len(dataset))
 
 
-def _train(config: TrainConfig, ctx: DistContext) -> TrainResult:
-    prepared = prepare_run(config, ctx)
+def _train(config: TrainConfig, ctx: DistContext, lock: OutputLock) -> TrainResult:
+    spec = agree_on_spec(config, ctx, lock)
+    if spec.nothing_left is not None:  # every rank returns: the spec is the same on all
+        logger.warning(spec.nothing_left)
+        return TrainResult(steps_done=spec.resume_step)
+    prepared = prepare_run(config, ctx, spec)
     run = prepared.run
     if ctx.is_main:
         if run.spec.discarded:
@@ -150,7 +174,7 @@ def _train(config: TrainConfig, ctx: DistContext) -> TrainResult:
         for line in format_banner(run, prepared.dataset_len, prepared.start_step):
             logger.info(line)
     tracker = make_tracker(run.spec, ctx)
-    hooks = evaluation_hooks(run, tracker)
+    hooks = evaluation_hooks(run)
     barrier(ctx)
     trainer = Trainer(
         run, iter(prepared.loader), prepared.sampler, prepared.start_step, prepared.position, tracker, hooks

@@ -108,3 +108,14 @@ def test_a_bug_under_json_is_one_json_object_too(buggy: dict[str, str], tmp_path
     answer = json.loads(result.stdout)
     assert answer["ok"] is False and answer["exit_code"] == 70
     assert answer["error"].startswith("internal error: ZeroDivisionError: integer division or modulo by zero; ")
+
+
+def test_a_run_larger_than_the_machine_is_one_line_not_a_bug(tmp_path: Path) -> None:
+    """The embedded data of 10**15 episodes cannot be generated: the machine's answer, exit 1."""
+    result = run_cli("train", "--dataset.num_episodes=1000000000000000", "--steps=1", f"--output_dir={tmp_path / 'run'}")
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "error: out of memory: the run asked for more memory than this machine could give; lower the sizes the "
+        "flags set (--batch_size, the policy's widths, --dataset sizes, --num_workers)"
+    ]
+    assert not (tmp_path / "run").exists()

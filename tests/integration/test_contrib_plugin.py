@@ -17,13 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from checkpoint_state import crashed_copy, losses
+from conftest import REPO, run_cli, torchrun_train
+from plugin_dists import fresh_registry
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from checkpoint_state import crashed_copy, losses
-from conftest import REPO, run_cli, torchrun_train
 from lerobot_kit.core.layout.manifest import write_manifest
-from lerobot_kit.core.registry.registry import reset_registry
 
 CONTRIB = REPO / "contrib" / "lerobot-kit-mlp"
 PLUGIN = "lerobot_kit_mlp"
@@ -55,9 +55,8 @@ def with_plugin(site: Path, **extra: str) -> dict[str, str]:
 def plugin(site, monkeypatch):
     """The installed plugin importable in this process, with a registry that includes it."""
     monkeypatch.syspath_prepend(str(site))
-    reset_registry()
+    fresh_registry(monkeypatch)
     yield
-    reset_registry()
 
 
 def test_listed_with_its_package_version_and_registrations(site):
@@ -157,11 +156,12 @@ def test_its_policy_and_format_evaluate_on_the_reach_task(site, tmp_path):
 
 
 def test_fp16_format_keeps_out_of_range_tensors_in_fp32(plugin, tmp_path):
-    from lerobot_kit.api import model_weights
     from lerobot_kit_mlp.configuration import PendulumDatasetConfig, ResidualMLPConfig
     from lerobot_kit_mlp.dataset import make_pendulum_dataset
     from lerobot_kit_mlp.format import NARROWED_KEY, Fp16SafetensorsFormat
     from lerobot_kit_mlp.modeling import ResidualMLPPolicy
+
+    from lerobot_kit.api import model_weights
 
     config = ResidualMLPConfig(width=16, n_blocks=2)
     meta = make_pendulum_dataset(PendulumDatasetConfig(num_episodes=2), config.delta_indices()).meta
@@ -190,16 +190,16 @@ def test_fp16_format_keeps_out_of_range_tensors_in_fp32(plugin, tmp_path):
 def test_fp16_format_stores_a_peft_adapter_with_no_code_of_its_own(plugin, tmp_path):
     """The format only encodes: the toolkit's writers pick the adapter's tensors, peft's names
     and ``adapter_model.safetensors``, which peft itself then loads."""
-    from peft import PeftModel
-
-    from lerobot_kit.api import model_weights
-    from lerobot_kit.core.config.schema import PeftConfig
-    from lerobot_kit.core.model.peft import saved_key_map, wrap_policy
-    from lerobot_kit.core.checkpoint.pretrained import save_pretrained
     from lerobot_kit_mlp.configuration import PendulumDatasetConfig, ResidualMLPConfig
     from lerobot_kit_mlp.dataset import make_pendulum_dataset
     from lerobot_kit_mlp.format import Fp16SafetensorsFormat
     from lerobot_kit_mlp.modeling import ResidualMLPPolicy
+    from peft import PeftModel
+
+    from lerobot_kit.api import model_weights
+    from lerobot_kit.core.checkpoint.pretrained import save_pretrained
+    from lerobot_kit.core.config.schema import PeftConfig
+    from lerobot_kit.core.model.peft import saved_key_map, wrap_policy
 
     config = ResidualMLPConfig(width=16, n_blocks=2)
     dataset = make_pendulum_dataset(PendulumDatasetConfig(num_episodes=2), config.delta_indices())

@@ -14,13 +14,11 @@ import math
 import shutil
 from pathlib import Path
 
+import peft  # noqa: E402,F401  - part of the test extras; fail loudly if missing
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import launch_env, read_metrics, run_cli, torchrun_train
-
-import peft  # noqa: E402,F401  - part of the test extras; fail loudly if missing
+from safetensors.torch import load_file
 
 BASE_ACT = ["--policy.dim_model=64", "--policy.dim_feedforward=128", "--policy.n_heads=2",
             "--policy.n_encoder_layers=2", "--policy.n_vae_encoder_layers=1", "--policy.chunk_size=5",
@@ -88,24 +86,24 @@ def adapter_tensors(step: Path) -> dict[str, torch.Tensor]:
 
 def expected_adapter_keys(step: Path) -> set[str]:
     """What peft itself would save for this run's settings: the saved names of a freshly wrapped base."""
-    from lerobot_kit.core.config.flags import load_train_config_file
-    from lerobot_kit.core.model.peft import base_path_of, saved_key_map, wrap_policy
     from lerobot_kit.core.checkpoint.pretrained import load_pretrained
+    from lerobot_kit.core.config.flags import parse_train_config
+    from lerobot_kit.core.model.peft import base_path_of, saved_key_map, wrap_policy
 
-    config = load_train_config_file(step / "pretrained_model" / "train_config.json")
+    config = parse_train_config([f"--config_path={step / 'pretrained_model' / 'train_config.json'}"])
     policy, _, _ = load_pretrained(Path(str(config.policy.path)))
     return set(saved_key_map(wrap_policy(policy, config.peft, base_path_of(str(config.policy.path)))).values())
 
 
 def reproduced_loss(step: Path, scratch: Path) -> float:
     """The loss of the global batch that follows ``step``, from base file + adapter checkpoint in one process."""
-    from lerobot_kit.core.offline.convert import convert_dcp
-    from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
-    from lerobot_kit.core.config.flags import load_train_config_file
     from lerobot_kit.core.checkpoint.pretrained import load_peft_model
+    from lerobot_kit.core.config.flags import parse_train_config
     from lerobot_kit.core.data.build import build_dataset
+    from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
+    from lerobot_kit.core.offline.convert import convert_dcp
 
-    config = load_train_config_file(step / "pretrained_model" / "train_config.json")
+    config = parse_train_config([f"--config_path={step / 'pretrained_model' / 'train_config.json'}"])
     info = json.loads((step / "training_state" / "training_step.json").read_text())
     pretrained = step / "pretrained_model"
     if not (pretrained / "adapter_model.safetensors").is_file():  # dcp only: convert a copy
@@ -185,8 +183,8 @@ def test_loading_the_adapter_gives_the_base_unchanged_and_peft_agrees(runs, base
     assert (tmp_path / "merged" / "model.safetensors").is_file()
     reloaded, _, _ = load_pretrained(tmp_path / "merged")
 
-    from lerobot_kit.plugins.datasets.reach.plugin import ReachDatasetConfig
     from lerobot_kit.plugins.datasets.reach.data import make_reach_dataset
+    from lerobot_kit.plugins.datasets.reach.plugin import ReachDatasetConfig
 
     dataset = make_reach_dataset(ReachDatasetConfig(num_episodes=2, episode_length=20), merged.config.delta_indices())
     batch = pre(torch.utils.data.default_collate([dataset[i] for i in (0, 7, 23)]))
@@ -286,9 +284,9 @@ def test_missing_peft_package_names_the_extra(tmp_path, base):
 
 def _bf16_base_with_trained_norms(base: Path, mixed_precision: str):
     """A bf16 base with its LayerNorms trained in full: peft keeps LoRA in fp32 beside bf16 norm copies."""
+    from lerobot_kit.core.checkpoint.pretrained import load_pretrained
     from lerobot_kit.core.config.schema import PeftConfig, TrainConfig
     from lerobot_kit.core.model.peft import align_trainable_dtypes, base_path_of, wrap_policy
-    from lerobot_kit.core.checkpoint.pretrained import load_pretrained
     from lerobot_kit.core.parallel.dims import ParallelDims
     from lerobot_kit.core.parallel.wrap_units import resolve_wrap_units
     from lerobot_kit.plugins.policies.act.modeling import ACTPolicy
@@ -330,12 +328,12 @@ def test_mixed_precision_keeps_every_trainable_parameter_fp32(base):
 @pytest.mark.parametrize("method", ["LOHA", "LOKR", "IA3"])
 def test_other_methods_train_save_and_load(base, tmp_path, method):
     """One optimizer step, the adapter-only save every format uses, and a strict reload."""
+    from lerobot_kit.core.checkpoint.pretrained import load_peft_model, load_pretrained, save_pretrained
     from lerobot_kit.core.checkpoint.weights import write_gathered
     from lerobot_kit.core.config.schema import PeftConfig
     from lerobot_kit.core.model.peft import base_path_of, model_weights, wrap_policy
-    from lerobot_kit.core.checkpoint.pretrained import load_peft_model, load_pretrained, save_pretrained
-    from lerobot_kit.plugins.datasets.reach.plugin import ReachDatasetConfig
     from lerobot_kit.plugins.datasets.reach.data import make_reach_dataset
+    from lerobot_kit.plugins.datasets.reach.plugin import ReachDatasetConfig
 
     policy, pre, post = load_pretrained(base)
     frozen = {k: v.clone() for k, v in policy.state_dict().items()}

@@ -87,6 +87,10 @@ def test_a_rank_killed_during_a_save_restarts_and_ends_bit_identical(tmp_path, u
     [fault] = [json.loads(line) for line in fault_log.read_text().splitlines()]
     assert f"{step:06d}.tmp" in fault["observed"], fault  # it died with the checkpoint half-written
     assert f"continuing from {tmp_path / 'run/checkpoints' / f'{step - 10:06d}'}" in output
+    if rank == 0:  # the main process died holding the folder's lock: the restart takes it over
+        lock = tmp_path / "run/.lerobot-kit.lock"
+        assert f"took over the lock {lock} of a run that is over" in output and "is gone" in output, output[-6000:]
+        assert not lock.exists()
     assert_bit_identical(tmp_path / "run", uninterrupted)
 
 

@@ -115,6 +115,7 @@ def test_resume_without_a_checkpoint_is_refused(tmp_path):
     result = run_cli("train", f"--output_dir={out}", "--resume=true", *TINY, "--steps=2")
     assert result.returncode != 0
     assert "no checkpoint to resume" in result.stderr and "Traceback" not in result.stderr
+    assert list(out.iterdir()) == []  # the lock taken before the folder was read is gone again
 
 
 def test_corrupt_checkpoint_on_resume_is_one_clear_line(tmp_path):

@@ -24,6 +24,7 @@ STABLE = {
     # What the built-in plugins need beyond the above (they import nothing else):
     "STAT_NAMES", "vector_stats", "PixelStats", "camera_to_float", "EpisodeWindows", "expand_delta_indices",
     "DEFAULT_MASTER_PORT", "Observation", "Info", "feature_dims",
+    "UnitGroup",
 }
 
 LAZY = {"Policy", "PolicyProcessor", "CheckpointFormat", "write_gathered", "write_shards", "load_any_weights", "read_safetensors",

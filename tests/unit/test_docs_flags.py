@@ -39,7 +39,7 @@ PAGE_COMMANDS: dict[str, tuple[str, ...]] = {
     "docs/parallelism.md": ("train", "plan"),
     "docs/planning.md": ("plan", "train"),
     "docs/checkpoints.md": ("train", "convert-dcp", "inspect-checkpoint"),
-    "docs/reliability.md": ("train", "convert-dcp", "inspect-checkpoint", "benchmarks"),
+    "docs/reliability.md": ("train", "plan", "eval", "convert-dcp", "inspect-checkpoint", "benchmarks"),
     "docs/peft.md": ("train", "convert-dcp"),
     "docs/evaluation.md": ("eval", "train"),
     "docs/plugins.md": ("train", "plugins", "inspect-checkpoint", "convert-dcp"),

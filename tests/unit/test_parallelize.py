@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from toy_model import Block, D, batch_for, make_model
 
 from lerobot_kit.core.config.schema import AcceleratorConfig, FSDPConfig, MixedPrecisionPolicyConfig, ParallelismConfig
 from lerobot_kit.core.distributed.process_group import DistContext
 from lerobot_kit.core.errors import ConfigError
 from lerobot_kit.core.parallel.dims import ParallelDims
 from lerobot_kit.core.parallel.pipeline import parallelize
-from lerobot_kit.core.parallel.wrap_units import WrapUnits, check_tied_weights, resolve_wrap_units
 from lerobot_kit.core.parallel.precision import autocast_dtype, build_grad_scaler, build_mp_policy
-from toy_model import D, Block, batch_for, make_model
+from lerobot_kit.core.parallel.wrap_units import WrapUnits, check_tied_weights, resolve_wrap_units
 
 
 def single_ctx() -> DistContext:
@@ -192,9 +191,9 @@ class TiedLM(nn.Module):
 
 def test_tied_weights_across_units_are_refused() -> None:
     model = TiedLM()
-    check_tied_weights(model, ["blocks.0", "blocks.1"])  # both ends in the root: fine
+    check_tied_weights(model, WrapUnits(("blocks.0", "blocks.1")))  # both ends in the root: fine
     with pytest.raises(ConfigError) as err:
-        check_tied_weights(model, ["embed", "blocks.0", "blocks.1"])
+        check_tied_weights(model, WrapUnits(("embed", "blocks.0", "blocks.1")))
     assert str(err.value).startswith(
         "tied weights cannot be split across FSDP units: parameter 'embed.weight' of module 'embed' "
         "(in FSDP unit 'embed') is the same tensor as 'head.weight' of module 'head' (in the root, outside "
@@ -203,7 +202,7 @@ def test_tied_weights_across_units_are_refused() -> None:
     model.blocks[1].fc2.weight = model.blocks[0].fc2.weight
     with pytest.raises(ConfigError, match="'blocks.0.fc2.weight' of module 'blocks.0.fc2' \\(in FSDP unit 'blocks.0'\\)"
                        ".*'blocks.1.fc2.weight' of module 'blocks.1.fc2' \\(in FSDP unit 'blocks.1'\\)"):
-        check_tied_weights(model, ["blocks.0", "blocks.1"])
+        check_tied_weights(model, WrapUnits(("blocks.0", "blocks.1")))
 
 
 @pytest.mark.parametrize(
@@ -220,36 +219,6 @@ def test_sharded_units_refuse_before_any_collective(fsdp: FSDPConfig, match: str
     model = TiedLM() if fsdp.wrap_modules else make_model()
     with pytest.raises(ConfigError, match=match):
         _units(model, fsdp, ["Block"])
-
-
-class SplitsItself(nn.Module):
-    """A policy that would shard its own layers for tensor/context parallelism."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.inner = make_model()
-        self.calls: list[tuple[object, ParallelDims]] = []
-
-    def parallelize_tp_cp(self, mesh: object, dims: ParallelDims) -> None:
-        self.calls.append((mesh, dims))
-
-
-def test_tensor_parallel_seam_calls_the_policy_only_above_degree_one() -> None:
-    """tp/cp above 1 cannot be launched yet (ParallelDims.resolve refuses it), so the seam is
-    driven with hand-built degrees and a stand-in mesh: what matters is who is called, when."""
-    from lerobot_kit.core.parallel.tensor_parallel import apply_tensor_parallel
-
-    mesh: Any = object()
-    policy = SplitsItself()
-    apply_tensor_parallel(policy, ParallelDims(1, 1, 1), mesh)
-    assert policy.calls == []
-    with_tp = ParallelDims(1, 1, 2, tp=2)
-    wrapper = nn.Sequential(policy)  # found through a wrapper, as through a PEFT model
-    apply_tensor_parallel(wrapper, with_tp, mesh)
-    assert policy.calls == [(mesh, with_tp)]
-    with pytest.raises(ConfigError, match=r"^--parallelism.tp=1 --parallelism.cp=2: the policy \(Tiny\) defines no "
-                       r"parallelize_tp_cp\(mesh, dims\) method"):
-        apply_tensor_parallel(make_model(), ParallelDims(1, 1, 2, cp=2), mesh)
 
 
 def test_parallelize_refuses_flags_whose_units_were_not_resolved() -> None:

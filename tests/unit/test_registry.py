@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plugin_dists import fresh_registry, make_distribution
 
 from lerobot_kit.core.errors import PluginError
-from lerobot_kit.core.registry.registry import Registry, get_registry, reset_registry
-from plugin_dists import make_distribution
+from lerobot_kit.core.registry.registry import Registry, get_registry
 
 ODD_PLUGIN = """
 import collections
@@ -98,9 +98,8 @@ def odd_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Re
     (site / "oddplug_torch.py").write_text(ODD_TORCH)
     (site / "oddplug_exits.py").write_text("import sys\nsys.exit(3)\n")
     monkeypatch.syspath_prepend(str(site))
-    reset_registry()
+    fresh_registry(monkeypatch)
     yield get_registry()
-    reset_registry()
     for name in ODD_MODULES:
         sys.modules.pop(name, None)
 
@@ -175,12 +174,11 @@ def test_a_config_class_that_is_not_a_config_is_refused_at_registration(
 ) -> None:
     source = ODD_PLUGIN.replace('register("not_callable", OddDataConfig', 'register("not_callable", dict')
     monkeypatch.syspath_prepend(str(make_distribution(tmp_path / "site", "oddplug", source)))
-    reset_registry()
+    fresh_registry(monkeypatch)
     try:
         with pytest.raises(PluginError, match=r"plugin 'oddplug' \(oddplug\): the config class of dataset "
                                               r"'not_callable' is <class 'dict'>, not a subclass of "
                                               r"lerobot_kit.api.DatasetConfig"):
             get_registry()
     finally:
-        reset_registry()
         sys.modules.pop("oddplug", None)

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from plugin_dists import fresh_registry, make_distribution
+from records import write_record
 from safetensors.torch import load_file
 from torch import nn
 
-from lerobot_kit.core.layout import paths
-from lerobot_kit.core.layout.stored_weights import StoredWeights
+from lerobot_kit.core.checkpoint.pretrained import load_pretrained_weights
 from lerobot_kit.core.checkpoint.weights import (
     ModelWeights,
     load_any_weights,
@@ -20,11 +21,10 @@ from lerobot_kit.core.checkpoint.weights import (
     write_weights_file,
 )
 from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.core.layout import paths
+from lerobot_kit.core.layout.stored_weights import StoredWeights
 from lerobot_kit.core.model.peft import model_weights
-from lerobot_kit.core.checkpoint.pretrained import load_pretrained_weights
-from lerobot_kit.core.registry.registry import get_registry, reset_registry
-from plugin_dists import make_distribution
-from records import write_record
+from lerobot_kit.core.registry.registry import get_registry
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -148,9 +148,8 @@ def negated_format(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     site = make_distribution(tmp_path / "site", "negplug", NEGATED_HOOKS)
     (site / "negplug_format.py").write_text(NEGATED_FORMAT)
     monkeypatch.syspath_prepend(str(site))
-    reset_registry()
+    fresh_registry(monkeypatch)
     yield get_registry().checkpoint_format("negated")
-    reset_registry()
 
 
 def test_policy_path_reads_with_the_format_the_checkpoint_records(tmp_path: Path, negated_format) -> None:

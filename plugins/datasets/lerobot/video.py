@@ -17,6 +17,14 @@ kept as RGB, so history windows that overlap (frame ``t`` in item ``t`` and ``t+
 are not decoded or converted twice. LeRobot encodes with a key frame every 2 frames, so a seek costs at most
 one extra frame; long GOPs stay correct, only slower.
 
+No open decoder crosses a fork. FFmpeg keeps thread pools (the RGB converter's among
+them) whose threads a forked child does not inherit; a child that frees a decoder it
+inherited waits for them forever — a DataLoader worker forked after the training process
+measured camera stats would deadlock on its first item. So every open decoder of a
+process is closed just before it forks (``os.register_at_fork``) and reopened on its
+next request; each child opens its own, as a worker started by spawn does (the pool
+pickles empty). Workers stay forked: spawning them would import torch again in each.
+
 PyAV (``pip install 'lerobot-kit[video]'``) is the only decoder: it ships its own
 FFmpeg with AV1 (LeRobot's default codec) and H.264 decoders.
 """
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import os
+import weakref
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -144,7 +153,7 @@ class VideoDecoders:
         self.keep = max(1, keep)
         self.max_open = max_open
         self._open: collections.OrderedDict[Path, _Decoder] = collections.OrderedDict()
-        self._pid = os.getpid()
+        _POOLS.add(self)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "av": None, "_open": collections.OrderedDict()}
@@ -154,6 +163,12 @@ class VideoDecoders:
         import av
 
         self.av = av
+        _POOLS.add(self)
+
+    def close(self) -> None:
+        """Close every open decoder; the next request opens its file again."""
+        while self._open:
+            self._open.popitem(last=False)[1].close()
 
     def frames(self, path: Path, key: str, episode: int, times: np.ndarray, shape: tuple[int, ...]) -> list[np.ndarray]:
         """uint8 ``[H, W, C]`` arrays, as converted: the frame of ``path`` nearest to each time.
@@ -248,8 +263,6 @@ class VideoDecoders:
         """The decoder of ``path``, as it stands when it holds ``first`` or reaches it by decoding
         forward, else seeked to it (and True). Opening a file costs more than seeking in it,
         so each file has one decoder; the least recently used file is closed past ``max_open``."""
-        if os.getpid() != self._pid:  # a forked worker: the parent's decoders are not ours
-            self._open, self._pid = collections.OrderedDict(), os.getpid()
         decoder = self._open.get(path)
         if decoder is None:
             if len(self._open) >= self.max_open:
@@ -275,6 +288,17 @@ class VideoDecoders:
             return "no frames near it"
         nearest = min(seen, key=lambda t: abs(t - time))
         return f"nearest frame at {nearest:.4f}s"
+
+
+_POOLS: weakref.WeakSet[VideoDecoders] = weakref.WeakSet()  # every decoder pool of this process
+
+
+def _close_before_fork() -> None:
+    for pool in list(_POOLS):
+        pool.close()
+
+
+os.register_at_fork(before=_close_before_fork)
 
 
 def _within(sorted_times: np.ndarray, time: float, tolerance: float) -> range:

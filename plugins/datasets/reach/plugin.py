@@ -15,7 +15,9 @@ class ReachDatasetConfig(DatasetConfig):
     episode_length: int = Field(100, ge=2, description="Frames per episode.")
     image: bool = Field(False, description="Also render a small top-down camera image per frame.")
     image_size: int = Field(32, ge=8, description="Rendered image height and width in pixels.")
-    generation_seed: int = Field(0, description="Seed of the generated episodes (independent of --seed).")
+    generation_seed: int = Field(
+        0, ge=0, lt=2**32, description="Seed of the generated episodes (independent of --seed; 0 to 2**32 - 1)."
+    )
 
 
 @hookimpl
