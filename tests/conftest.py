@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+pytest_plugins = ("cpu_times",)
+
 if TYPE_CHECKING:
     from torch import nn
 
