@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import resource
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -22,10 +23,13 @@ _MARK = pytest.StashKey[float]()
 
 
 def _cpu_seconds() -> float:
-    """User + system time of this process and of its children that have been waited for."""
+    """User + system time of this process, of its children that have been waited for, and
+    of the rank pools' processes still running (``rank_pool.py``: they report their own)."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    pools = sys.modules.get("rank_pool")
+    running = pools.unwaited_cpu_seconds() if pools is not None else 0.0
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + running
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
