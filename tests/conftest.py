@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 # runs: two workers on two cores, each with a spinning OpenMP thread per core, spend a
 # fifth of the unit tests' CPU time waiting on each other. Set before anything imports torch.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# torch.compile's kernels built in the compiling process: with more threads, inductor starts
+# a pool of worker processes, each importing torch, which costs more CPU than the tiny
+# kernels of these tests do.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
