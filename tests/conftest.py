@@ -130,6 +130,12 @@ def pool_train(pools: RankPools, nproc: int, *args: str, workdir: Path, timeout:
     return pools.get(nproc).train(*args, workdir=workdir, timeout=timeout, check=check)
 
 
+def pool_script(pools: RankPools, nproc: int, script_path: Path, *args: str, workdir: Path, timeout: float = 240,
+                check: bool = True) -> PoolRun:
+    """``python SCRIPT ARGS`` on ``nproc`` ranks of a pool (a script that drives a run itself)."""
+    return pools.get(nproc).run(["python", str(script_path), *args], workdir=workdir, timeout=timeout, check=check)
+
+
 def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
     """``build(folder)`` once per test session, by whichever test worker needs it first; the
     others wait for it and get the same folder. For fixtures that train: pytest-xdist hands a

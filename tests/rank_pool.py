@@ -1,5 +1,7 @@
 """Rank processes started once that run many ``lerobot train`` commands, one after another.
 
+(Or scripts that drive a run themselves, such as ``probes/restore_probe.py``.)
+
 A pool of N ranks (real processes, a real gloo group over loopback) pays the start-up of
 a training process — importing torch and lerobot_kit, joining the group — once, instead
 of once per run: each rank initialises the default process group itself, as a notebook
@@ -92,14 +94,19 @@ class RankPool:
 
     def train(self, *args: str, workdir: Path, timeout: float = 240, check: bool = True) -> PoolRun:
         """``lerobot train ARGS`` on every rank, with ``workdir`` as the working directory."""
+        return self.run(["lerobot", "train", *args], workdir=workdir, timeout=timeout, check=check)
+
+    def run(self, argv: list[str], workdir: Path, timeout: float = 240, check: bool = True) -> PoolRun:
+        """``argv`` on every rank: ``["lerobot", ...]`` through the console script's entry
+        point, ``["python", SCRIPT, ...]`` a script run as ``__main__``."""
+        assert argv[0] in ("lerobot", "python"), argv
         self.runs += 1
         logs = [self.workdir / f"run{self.runs}.rank{rank}.log" for rank in range(self.world_size)]
         for proc, log in zip(self.procs, logs):
             assert proc.stdin is not None
-            proc.stdin.write((json.dumps({"args": ["train", *args], "cwd": str(workdir), "log": str(log)}) + "\n")
-                             .encode())
+            proc.stdin.write((json.dumps({"argv": argv, "cwd": str(workdir), "log": str(log)}) + "\n").encode())
             proc.stdin.flush()
-        replies = self._replies(timeout, f"lerobot train {' '.join(args)}")
+        replies = self._replies(timeout, " ".join(argv))
         codes = [reply["exit"] for reply in replies]
         run = PoolRun(next((c for c in codes if c != 0), 0), "".join(log.read_text(errors="replace") for log in logs),
                       codes)
@@ -264,11 +271,24 @@ def _set_rng_state(state: tuple[Any, ...]) -> None:
     random.setstate(state[2])
 
 
-def _run(args: list[str], cwd: str, log: str) -> int:
-    """``lerobot ARGS`` through the console script's entry point, its output in ``log``."""
-    from lerobot_kit.cli.main import cli
+def _main(argv: list[str]) -> None:
+    if argv[0] == "lerobot":
+        from lerobot_kit.cli.main import cli
 
-    home = os.getcwd()
+        cli.main(argv[1:], prog_name="lerobot")
+    else:
+        import runpy
+
+        sys.argv = argv[1:]
+        runpy.run_path(argv[1], run_name="__main__")
+
+
+def _run(argv: list[str], cwd: str, log: str) -> int:
+    """``argv`` in this process (see ``RankPool.run``), its output in ``log``; its exit code."""
+    import traceback
+
+    home, saved_argv = os.getcwd(), sys.argv
+    code = 0
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
@@ -278,11 +298,14 @@ def _run(args: list[str], cwd: str, log: str) -> int:
     os.close(out)
     os.chdir(cwd)
     try:
-        cli.main(args, prog_name="lerobot")
-        code = 0
+        _main(argv)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - a script's uncaught error: what its interpreter would print and exit with
+        traceback.print_exc()
+        code = 1
     finally:
+        sys.argv = saved_argv
         os.chdir(home)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -317,9 +340,9 @@ def _serve() -> None:
         job = json.loads(line)
         _set_rng_state(start_rng)
         before, resources = _snapshot(), _resources()
-        code = _run(job["args"], job["cwd"], job["log"])
+        code = _run(job["argv"], job["cwd"], job["log"])
         leaks = _differences(before, _snapshot()) if code == 0 else {}
-        command = json.dumps([arg for arg in job["args"] if not arg.startswith("--output_dir=")])
+        command = json.dumps([arg for arg in job["argv"] if not arg.startswith("--output_dir=")])
         if code == 0 and command in ran_before:
             grown = {k: [resources[k], v] for k, v in _resources().items() if v > resources[k]}
             leaks.update(grown)
