@@ -15,13 +15,14 @@ restarts and signals keep launching real ``torchrun`` / ``lerobot`` processes.
 
 Nothing of one run may reach the next. Before each command a rank restores the random
 generators to their state at the pool's start (a fresh process's, for torch); after it,
-the rank compares what a run could leave behind with what was there before — Python
-threads, signal handlers, the environment, the working directory, the plugin registry —
-and, when the same command (bar its output folder) ran before in this pool, that the run added no OS thread,
-file descriptor, process group or logging handler (a first run may: torch sets itself
-up lazily, and a layout keeps its device mesh's groups for the next run). The harness
-fails the test on any of it. ``tests/integration/test_rank_pool.py`` runs one config twice in
-one pool and holds it to bit-identical losses.
+the rank compares what a run could leave behind with what was there before — threads
+running lerobot_kit code, signal handlers, the environment, the working directory, the
+plugin registry — and, when the same command (bar its output folder) ran before in this
+pool, that the run added no thread at all, no file descriptor, process group or logging
+handler (a first run may: torch and other libraries set themselves up lazily, and a
+layout keeps its device mesh's groups for the next run). The harness fails the test on
+any of it. ``tests/integration/test_rank_pool.py`` runs one config twice in one pool and
+holds it to bit-identical losses.
 
 Run as a script (``python rank_pool.py``), this file is the rank program.
 """
@@ -213,12 +214,20 @@ def _snapshot() -> dict[str, Any]:
         handler = signal.getsignal(signum)
         handlers[str(signum)] = getattr(handler, "__qualname__", None) or repr(handler)
     return {
-        "python threads": sorted(t.name for t in threading.enumerate()),
+        "lerobot_kit threads": sorted(t.name for t in threading.enumerate() if _started_by_lerobot_kit(t)),
         "signal handlers": handlers,
         "environment": {k: v for k, v in os.environ.items() if k not in _TORCH_SETS_ITSELF},
         "working directory": os.getcwd(),
         "plugin registry": {kind: sorted(table) for kind, table in get_registry().entries.items()},
     }
+
+
+def _started_by_lerobot_kit(thread: Any) -> bool:
+    """A thread running lerobot_kit code: a run must end all of its own (other libraries
+    keep a thread of theirs for the process, such as tqdm's monitor, counted below)."""
+    target = getattr(thread, "_target", None)
+    module = getattr(target, "__module__", None) if target is not None else type(thread).__module__
+    return (module or "").startswith("lerobot_kit")
 
 
 def _resources() -> dict[str, int]:
@@ -229,7 +238,10 @@ def _resources() -> dict[str, int]:
     import torch.distributed as dist
 
     loggers = [logging.getLogger(), *(logging.getLogger(name) for name in sorted(logging.root.manager.loggerDict))]
+    import threading
+
     return {
+        "Python threads": threading.active_count(),
         "OS threads": len(os.listdir("/proc/self/task")),
         "open file descriptors": len(os.listdir("/proc/self/fd")),
         "process groups": len(dist.distributed_c10d._world.pg_names) if dist.is_initialized() else 0,
