@@ -201,6 +201,9 @@ class RankPools:
 
 # torch sets it for its compiler's cache the first time a process needs it.
 _TORCH_SETS_ITSELF = {"TORCHINDUCTOR_CACHE_DIR"}
+# A handler torch installs once and keeps for the process (its DataLoader's SIGCHLD handler,
+# which watches worker processes and calls the handler it replaced).
+_TORCH_KEEPS = "torch.utils.data."
 
 
 def _snapshot() -> dict[str, Any]:
@@ -212,7 +215,8 @@ def _snapshot() -> dict[str, Any]:
     handlers = {}
     for signum in sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}):
         handler = signal.getsignal(signum)
-        handlers[str(signum)] = getattr(handler, "__qualname__", None) or repr(handler)
+        module = getattr(handler, "__module__", None) or ""
+        handlers[str(signum)] = f"{module}:{getattr(handler, '__qualname__', None) or repr(handler)}"
     return {
         "lerobot_kit threads": sorted(t.name for t in threading.enumerate() if _started_by_lerobot_kit(t)),
         "signal handlers": handlers,
@@ -256,7 +260,10 @@ def _differences(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any
         if old == new:
             continue
         if isinstance(old, dict):
-            changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+            changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k)
+                             and not str(new.get(k)).startswith(_TORCH_KEEPS))
+            if not changed:
+                continue
             out[key] = {k: [old.get(k), new.get(k)] for k in changed}
         else:
             out[key] = [old, new]
