@@ -66,6 +66,19 @@ def cli():
     return run_cli
 
 
+INTEGRATION = REPO / "tests" / "integration"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The lanes: ``slow`` for every integration test not marked ``fast`` (they start real
+    processes, most of them training runs) and for every test that trains in the rank pools,
+    so that a new test lands in the right lane without anyone deciding."""
+    for item in items:
+        integration = INTEGRATION in item.path.parents
+        if "rank_pools" in item.fixturenames or (integration and item.get_closest_marker("fast") is None):
+            item.add_marker(pytest.mark.slow)
+
+
 def assert_meta_build_equals_cpu_build(build: Callable[[], nn.Module], seed: int = 7) -> nn.Module:
     """``manual_seed(s); build()`` on the CPU equals a meta-device ``build()`` + ``to_empty``
     + ``init_weights()`` from the same seed: sharded runs build on meta and rely on it.
