@@ -37,6 +37,7 @@ Stable:
 * evaluation environments: ``EnvConfig`` and ``VectorEnv`` (gymnasium's vector API, keyed
   by the dataset's feature names; see its docstring and ``lerobot_register_envs``), with
   its ``Observation`` and ``Info`` types;
+* sharding contract: ``UnitGroup`` (see the block at the end of the imports);
 * errors a plugin raises: ``ConfigError`` (bad flags or data for this plugin),
   ``CheckpointError`` (a missing or damaged file), ``PluginError`` (the plugin itself is
   unusable), all ``LerobotError``: the CLI prints their message as one line, without a
@@ -79,6 +80,13 @@ from lerobot_kit.core.eval.env import Info, Observation, VectorEnv
 from lerobot_kit.core.layout.paths import ADAPTER_WEIGHTS, DCP_MODEL_DIR, MODEL_WEIGHTS
 from lerobot_kit.core.offline.weight_shapes import WeightShapes
 from lerobot_kit.core.registry.hookspecs import hookimpl
+
+# --- Unit groups: FSDP units for models that compute with their layers' submodules from
+# outside the layers (joint attention over two towers). A policy's ``fsdp_unit_groups()``
+# returns ``UnitGroup``s: modules sharded as one unit, and the method that runs them
+# (see ``lerobot_kit.core.parallel.wrap_units``). Torch-free.
+from lerobot_kit.core.parallel.unit_group import UnitGroup
+# --- end of unit groups
 
 if TYPE_CHECKING:
     from torch import nn
@@ -149,6 +157,7 @@ __all__ = [
     "PolicyDataset",
     "PolicyProcessor",
     "TrainConfig",
+    "UnitGroup",
     "VectorEnv",
     "WeightShapes",
     "build_dataset",

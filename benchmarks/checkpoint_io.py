@@ -71,6 +71,11 @@ def _rotated(items: list[str], shift: int) -> list[str]:
     return items[shift:] + items[:shift]
 
 
+def _refused(what: str, fix: str) -> None:
+    """A background save the benchmark's disk refused: the measurement is void, so it stops here."""
+    raise RuntimeError(f"{what}; {fix}")
+
+
 def _retarget(run: Any, output_dir: Path, **config_changes: Any) -> None:
     """Point the run's saves at another folder, format or saving mode (the run's spec is
     frozen, as in training; the benchmark swaps it for a changed copy)."""
@@ -149,7 +154,8 @@ def _worker(outdir: Path, spec: dict[str, Any]) -> None:
     if spec["background"]:
         _retarget(run, run.output_dir, async_checkpoint=True)
         saver = CheckpointSaver(run.checkpoint_state, SaveSettings(True, run.config.keep_last_checkpoints,
-                                                                  run.config.parallelism.timeout_s))
+                                                                  run.config.parallelism.timeout_s),
+                                refused=_refused)
         for rep in range(spec["reps"]):
             for fmt in _rotated(formats, rep):
                 step += 1

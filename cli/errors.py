@@ -16,8 +16,8 @@ Commands with ``--json`` print the error as ``{"ok": false, "error": ..., "probl
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
+import logging
 import os
 import sys
 import traceback
@@ -25,7 +25,8 @@ from collections.abc import Iterator
 
 import click
 
-from lerobot_kit.core.errors import DEBUG_ENV, EXIT_INTERNAL, EXIT_PROBLEMS, LerobotError, first_line
+from lerobot_kit.core.distributed.started import started_a_process_group
+from lerobot_kit.core.errors import DEBUG_ENV, EXIT_INTERNAL, EXIT_PROBLEMS, LerobotError, first_line, os_error_line
 
 REPORT = (
     "this is a bug in lerobot-kit or one of its plugins, not in your input: please report it with the command "
@@ -51,22 +52,17 @@ def describe(exc: BaseException) -> tuple[list[str], int]:
     return [f"internal error: {type(exc).__name__}: {first_line(exc)}; {REPORT}"], EXIT_INTERNAL
 
 
-def os_error_line(exc: OSError) -> str:
-    """``<path>: <what the system said> (errno <NAME>)``: the file, and what to look up."""
-    code = errno.errorcode.get(exc.errno, str(exc.errno)) if exc.errno is not None else None
-    what = exc.strerror or first_line(exc)
-    where = f"{exc.filename}: " if exc.filename is not None else ""
-    if exc.filename2 is not None:
-        where = f"{exc.filename} -> {exc.filename2}: "
-    return f"{where}{what}" + (f" (errno {code})" if code else "")
-
-
 @contextlib.contextmanager
 def command_errors(*, as_json: bool = False) -> Iterator[None]:
     """Around a command's body: what escapes becomes its lines (or JSON object) and exit code.
 
     click's own exceptions (usage errors, ``--help``'s exit) and ``SystemExit`` pass
     through: click prints and exits for them.
+
+    A rank of a distributed run that ends in an error exits without the interpreter's
+    teardown: collecting a DDP model at exit frees gloo's process group, whose destructor
+    can wait forever for a thread that waits for the interpreter (seen after an error every
+    rank agreed on). The line is printed and the streams flushed first.
     """
     try:
         yield
@@ -81,4 +77,9 @@ def command_errors(*, as_json: bool = False) -> Iterator[None]:
         else:
             for line in lines:
                 click.echo(f"error: {line}", err=True)
+        if started_a_process_group():
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
         sys.exit(code)

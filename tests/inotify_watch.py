@@ -19,6 +19,7 @@ from pathlib import Path
 IN_OPEN = 0x00000020
 IN_MODIFY = 0x00000002
 IN_MOVED_FROM = 0x00000040
+IN_MOVED_TO = 0x00000080
 IN_CREATE = 0x00000100
 _HEADER = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then name[len]
 

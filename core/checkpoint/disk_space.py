@@ -13,10 +13,11 @@ own share, and other programs keep writing. So a write may still fail with ``ENO
 an ``OSError`` from Python, a ``SafetensorError`` from safetensors, a DCP
 ``CheckpointException`` wrapping one per rank — or, from torch's zip writer (DCP's
 non-tensor items), an "unexpected pos" error that has lost the errno; so a failed write
-that leaves less than ``OTHER_FILES_BYTES`` free counts as a full disk too. Then the
-main process removes the unfinished ``NNNNNN.tmp`` folder — a full disk left full would
-make the retry fail the same way — and the run ends with the same kind of line;
-``checkpoints/last`` was never touched.
+that leaves less than ``OTHER_FILES_BYTES`` free counts as a full disk too. Then, as
+for any failed write of a save (``write_failures``), the main process removes the
+unfinished ``NNNNNN.tmp`` folder — a full disk left full would make the retry fail the
+same way — and every rank ends with the same kind of line; ``checkpoints/last`` was
+never touched.
 """
 
 from __future__ import annotations
@@ -24,12 +25,11 @@ from __future__ import annotations
 import errno
 import shutil
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lerobot_kit.core.errors import CheckpointError
-from lerobot_kit.core.layout import atomic, paths
+from lerobot_kit.core.layout import paths
 
 if TYPE_CHECKING:
     from lerobot_kit.core.checkpoint.state import CheckpointState
@@ -99,37 +99,20 @@ def check_room(state: CheckpointState, step: int) -> int:
         rank, needed, free = short[0]
         raise DiskSpaceRefused(
             f"checkpoint of step {step} not written: {folder} has {_mb(free)} free and rank {rank} needs about "
-            f"{_mb(needed)} for its part ({_mb(total)} for all ranks); {_last_text(state.output_dir)}; free space or "
+            f"{_mb(needed)} for its part ({_mb(total)} for all ranks); {last_text(state.output_dir)}; free space or "
             "keep fewer checkpoints (--keep_last_checkpoints), then resume"
         )
     return total
 
 
-@contextmanager
-def cleaned_up_when_full(state: CheckpointState, step: int, needed_total: int) -> Iterator[None]:
-    """Around a checkpoint's writes: a full disk becomes one ``DiskFullError`` line, with the
-    temporary folder removed (main process). Other errors pass through unchanged."""
-    try:
-        yield
-    except BaseException as exc:  # DCP's CheckpointException is a BaseException
-        if not is_disk_full(exc, paths.checkpoints_root(state.output_dir)):
-            raise
-        raise disk_full(state, step, needed_total) from exc
-
-
-def disk_full(state: CheckpointState, step: int, needed_total: int) -> DiskFullError:
-    """The error for a save that ran out of space; removes its temporary folder (main process)."""
-    tmp = atomic.temp_step_dir(state.output_dir, step)
+def disk_full(state: CheckpointState, step: int, needed_total: int, removed: str) -> DiskFullError:
+    """The error for a save that ran out of space; ``removed`` says what became of its temporary
+    folder (``write_failures.remove_unfinished``, which the caller ran)."""
     folder = paths.checkpoints_root(state.output_dir)
-    if state.ctx.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        removed = f"{tmp.name} is removed, which leaves {_mb(free_bytes(folder))} free"
-    else:
-        removed = f"the main process removes {tmp.name}"
     return DiskFullError(
         f"checkpoint of step {step} not written: the disk of {folder} is full (No space left on device while "
-        f"writing it; it needs about {_mb(needed_total)}; {removed}); {_last_text(state.output_dir)}; free space or "
-        "keep fewer checkpoints (--keep_last_checkpoints), then resume"
+        f"writing it; it needs about {_mb(needed_total)}; {removed}, which leaves {_mb(free_bytes(folder))} free); "
+        f"{last_text(state.output_dir)}; free space or keep fewer checkpoints (--keep_last_checkpoints), then resume"
     )
 
 
@@ -165,7 +148,8 @@ def underlying_errors(exc: BaseException) -> Iterator[BaseException]:
         pending.extend(e for e in (error.__cause__, error.__context__) if e is not None)
 
 
-def _last_text(output_dir: Path) -> str:
+def last_text(output_dir: Path) -> str:
+    """Where ``checkpoints/last`` points, for the line of a save that did not happen."""
     last = paths.last_checkpoint(output_dir)
     return f"{paths.CHECKPOINTS_DIR}/{paths.LAST_LINK} still points to {last.name}" if last else "no checkpoint yet"
 

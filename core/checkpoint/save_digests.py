@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lerobot_kit.core.distributed.process_group import DistContext, all_gather_objects
 from lerobot_kit.core.layout.manifest import FileDigest, hash_files
 
 SHARD_SUFFIX = ".distcp"
@@ -25,13 +26,7 @@ def own_shard_digests(step_dir: Path, rank: int) -> dict[str, FileDigest]:
     return hash_files(step_dir, [path.relative_to(step_dir).as_posix() for path in own])
 
 
-def gather_shard_digests(step_dir: Path, *, distributed: bool, group: Any = None) -> dict[str, FileDigest]:
-    """Collective over ``group`` when ``distributed``: every rank's own shard digests, on every rank."""
-    if not distributed:
-        return own_shard_digests(step_dir, 0)
-    import torch.distributed as dist
-
-    mine = own_shard_digests(step_dir, dist.get_rank(group))
-    everyone: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, mine, group=group)
-    return {rel: digest for part in everyone for rel, digest in part.items()}
+def gather_digests(ctx: DistContext, mine: dict[str, FileDigest], group: Any = None) -> dict[str, FileDigest]:
+    """Collective over ``group`` (spanning every rank; default: all ranks): every rank's own
+    shard digests (``own_shard_digests``), merged, on every rank."""
+    return {rel: digest for part in all_gather_objects(ctx, mine, group) for rel, digest in part.items()}

@@ -17,7 +17,7 @@ from typing import Any
 import torch.distributed as dist
 
 from lerobot_kit.core.checkpoint.pretrained import save_pretrained
-from lerobot_kit.core.checkpoint.save_digests import gather_shard_digests
+from lerobot_kit.core.checkpoint.save_digests import gather_digests, own_shard_digests
 from lerobot_kit.core.checkpoint.shard_writes import save_shards
 from lerobot_kit.core.checkpoint.state import CheckpointState
 from lerobot_kit.core.checkpoint.training_state import (
@@ -31,8 +31,9 @@ from lerobot_kit.core.checkpoint.training_state import (
     write_json,
 )
 from lerobot_kit.core.checkpoint.weights import SHAPE_FIX, CheckpointFormat, reads_shards
+from lerobot_kit.core.checkpoint.write_failures import save_phase
 from lerobot_kit.core.data.sampler import DataPosition
-from lerobot_kit.core.distributed.process_group import barrier, broadcast_object
+from lerobot_kit.core.distributed.process_group import broadcast_object
 from lerobot_kit.core.errors import CheckpointError
 from lerobot_kit.core.layout import atomic, paths
 from lerobot_kit.core.layout.files import RESUME_ADVICE, resumable_record
@@ -51,14 +52,23 @@ def checkpoint_format(name: str) -> CheckpointFormat:
 
 
 def save_checkpoint(state: CheckpointState, step: int, position: DataPosition) -> Path | None:
-    """Collective: every rank must call it at the same step. Returns the folder on the main process."""
+    """Collective: every rank must call it at the same step. Returns the folder on the main process.
+
+    Once every rank's writes are done, each hashes its own shard files and the main
+    process publishes the folder with the gathered digests. A failed write raises
+    ``write_failures.SaveFailed`` on every rank at the same point (``write_failures.cleaned_up``
+    words it); nothing is published then.
+    """
     ctx = state.ctx
     write_checkpoint(state, step, position)
-    barrier(ctx)
     tmp = atomic.temp_step_dir(state.output_dir, step)
-    digests = gather_shard_digests(tmp, distributed=ctx.distributed)
-    final = atomic.publish(state.output_dir, step, digests) if ctx.is_main else None
-    barrier(ctx)
+    with save_phase(state):
+        mine = own_shard_digests(tmp, ctx.rank)
+    digests = gather_digests(ctx, mine)
+    final = None
+    with save_phase(state):
+        if ctx.is_main:
+            final = atomic.publish(state.output_dir, step, digests)
     return final
 
 
@@ -67,27 +77,32 @@ def write_checkpoint(state: CheckpointState, step: int, position: DataPosition) 
 
     ``atomic.publish`` makes it the step folder and ``last`` once every rank's writes are
     done: at once in ``save_checkpoint``, after the background writes in ``CheckpointSaver``.
+    Each phase ends with the ranks agreeing that every write of it succeeded
+    (``write_failures.save_phase``): a write that fails on one rank stops all of them there.
     """
     ctx, facts = state.ctx, state.facts
+    with save_phase(state):
+        if ctx.is_main:
+            atomic.prepare_temp_dir(state.output_dir, step)
     tmp = atomic.temp_step_dir(state.output_dir, step)
-    if ctx.is_main:
-        atomic.prepare_temp_dir(state.output_dir, step)
-    barrier(ctx)
     pretrained, state_dir = tmp / paths.PRETRAINED_DIR, tmp / paths.TRAINING_STATE_DIR
-    weights = checkpoint_format(facts.checkpoint_format).save_weights(
-        state.weights, pretrained, sharded=facts.sharded, is_main=ctx.is_main
-    )
-    optimizer_kind = _save_optimizer(state, state_dir)
+    with save_phase(state):
+        weights = checkpoint_format(facts.checkpoint_format).save_weights(
+            state.weights, pretrained, sharded=facts.sharded, is_main=ctx.is_main
+        )
+    with save_phase(state):
+        optimizer_kind = _save_optimizer(state, state_dir)
     rng = _gather_rng(state)
-    if ctx.is_main:
-        files = state.pretrained
-        save_pretrained(state.model, files.meta, files.preprocessor, files.postprocessor, None, pretrained)
-        write_json(pretrained / paths.TRAIN_CONFIG, files.train_config)
-        save_rng(rng, state_dir)
-        for piece in state.json_pieces:
-            write_json(state_dir / piece.file, piece.state.state_dict())
-        record = facts.record(step, SamplerPosition(**position.to_json()), weights, optimizer_kind)
-        write_json(state_dir / paths.TRAINING_STEP, record.to_json())
+    with save_phase(state):
+        if ctx.is_main:
+            files = state.pretrained
+            save_pretrained(state.model, files.meta, files.preprocessor, files.postprocessor, None, pretrained)
+            write_json(pretrained / paths.TRAIN_CONFIG, files.train_config)
+            save_rng(rng, state_dir)
+            for piece in state.json_pieces:
+                write_json(state_dir / piece.file, piece.state.state_dict())
+            record = facts.record(step, SamplerPosition(**position.to_json()), weights, optimizer_kind)
+            write_json(state_dir / paths.TRAINING_STEP, record.to_json())
 
 
 def _save_optimizer(state: CheckpointState, state_dir: Path) -> str:

@@ -9,6 +9,13 @@ every write is done; then the main process publishes it (fsync, rename, ``last``
 crash-safe as a synchronous save. At most one save is in flight: the next save first
 waits for it, which bounds the extra memory to one staged copy of the sharded state.
 
+A write that fails (a full disk, a read-only file system, a quota) stops every rank
+alike with one line, the unfinished ``.tmp`` removed (``write_failures``). In the
+background the ranks' threads agree on their side group, and each rank raises the line
+at the next point every rank reaches together (the next save, or ``finish``); a rank
+that sees the failure earlier (``poll``), and a publish that the main process alone
+sees refused, are told to ``refused``, whose caller stops every rank at one step.
+
 Files other than shards (gathered weights, configs, RNG, scheduler) are small or need
 the gather anyway, so they are still written before the save returns.
 """
@@ -16,21 +23,22 @@ the gather anyway, so they are still written before the save returns.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from lerobot_kit.core.checkpoint import disk_space, retention
-from lerobot_kit.core.checkpoint.save_digests import gather_shard_digests
+from lerobot_kit.core.checkpoint import disk_space, retention, write_failures
+from lerobot_kit.core.checkpoint.save_digests import gather_digests, own_shard_digests
 from lerobot_kit.core.checkpoint.save_restore import save_checkpoint, write_checkpoint
 from lerobot_kit.core.checkpoint.shard_writes import deferred_shard_writes, write_deferred
 from lerobot_kit.core.checkpoint.state import CheckpointState
 from lerobot_kit.core.data.sampler import DataPosition
 from lerobot_kit.core.distributed.process_group import barrier
-from lerobot_kit.core.errors import CheckpointError, first_line
-from lerobot_kit.core.layout import atomic, paths
+from lerobot_kit.core.errors import CheckpointError, LerobotError, first_line, os_error_line
+from lerobot_kit.core.layout import atomic
 from lerobot_kit.core.layout.manifest import FileDigest
 
 logger = logging.getLogger("lerobot_kit")
@@ -39,7 +47,7 @@ logger = logging.getLogger("lerobot_kit")
 @dataclass
 class _InFlight:
     step: int
-    future: Future[dict[str, FileDigest]]
+    future: Future[dict[str, FileDigest]]  # every rank's digests of its shard files
     needed: int  # bytes all ranks write for it, for the message if the disk fills up
 
 
@@ -53,9 +61,11 @@ class SaveSettings:
 
 
 class CheckpointSaver:
-    def __init__(self, state: CheckpointState, settings: SaveSettings) -> None:
+    def __init__(self, state: CheckpointState, settings: SaveSettings, refused: Callable[[str, str], None]) -> None:
+        """``refused(what, fix)``: a background save failed where this rank cannot raise alone."""
         self.state = state
         self.settings = settings
+        self.refused = refused
         sharded = state.facts.sharded
         self.background = settings.async_checkpoint and sharded
         self.last: Path | None = None
@@ -86,17 +96,18 @@ class CheckpointSaver:
         """Collective: every rank calls it at the same step."""
         if not self.background:
             needed = disk_space.check_room(self.state, step)
-            with disk_space.cleaned_up_when_full(self.state, step, needed):
-                self._published(save_checkpoint(self.state, step, position))
+            with write_failures.cleaned_up(self.state, step, needed):
+                final = save_checkpoint(self.state, step, position)
+            self._published(final)
             return
         self.wait()  # the staged buffers are reused: the previous write must be done
         needed = disk_space.check_room(self.state, step)
-        with disk_space.cleaned_up_when_full(self.state, step, needed):
+        with write_failures.cleaned_up(self.state, step, needed):
             with deferred_shard_writes(self._stager) as deferred:
                 write_checkpoint(self.state, step, position)
         assert self._writer is not None
         tmp = atomic.temp_step_dir(self.state.output_dir, step)
-        future = self._writer.submit(_write_and_hash, deferred.writes, self._group, tmp)
+        future = self._writer.submit(_write_and_hash, self.state, deferred.writes, self._group, tmp)
         self._in_flight = _InFlight(step, future, needed)
 
     def poll(self) -> None:
@@ -104,10 +115,16 @@ class CheckpointSaver:
 
         Each rank checks only its own writer: DCP's last step gathers every rank's write
         results before any rank's ``save`` returns, so the main process's writer being
-        done means all shards of all ranks are on the disk.
+        done means all shards of all ranks are on the disk. A failed write is left in
+        flight, for the next save or ``finish`` to raise on every rank alike.
         """
-        if self._in_flight is not None and self._in_flight.future.done():
-            self.wait()
+        in_flight = self._in_flight
+        if in_flight is None or not in_flight.future.done():
+            return
+        if in_flight.future.exception() is not None:
+            self.refused(f"the background checkpoint of step {in_flight.step} failed", write_failures.fix_for(None))
+            return
+        self.wait()
 
     def finish(self) -> Path | None:
         """Collective: wait for the save in flight, publish it; the last published checkpoint."""
@@ -120,23 +137,41 @@ class CheckpointSaver:
         return self.last
 
     def wait(self) -> None:
-        """Block until the save in flight is written, then publish it (main process); no collective."""
+        """Block until the save in flight is written, then publish it (main process); no collective,
+        except for a failed write, which every rank raises here alike (``poll`` leaves it for
+        the next save or ``finish``, which every rank reaches together)."""
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is None:
             return
         try:
-            digests = in_flight.future.result()
+            with write_failures.cleaned_up(self.state, in_flight.step, in_flight.needed):
+                digests = in_flight.future.result()
+        except LerobotError:
+            raise
         except BaseException as exc:  # DCP's CheckpointException is a BaseException
-            if disk_space.is_disk_full(exc, paths.checkpoints_root(self.state.output_dir)):
-                raise disk_space.disk_full(self.state, in_flight.step, in_flight.needed) from exc
             cause = disk_space.root_error(exc)
             raise CheckpointError(
                 f"the background checkpoint of step {in_flight.step} failed, so it was not published "
                 f"({type(cause).__name__}: {first_line(cause)}); the previous checkpoint is intact"
             ) from exc
         if self.state.ctx.is_main:
-            self._published(atomic.publish(self.state.output_dir, in_flight.step, digests))
-            logger.debug("checkpoint of step %d published", in_flight.step)
+            self._publish(in_flight.step, digests)
+
+    def _publish(self, step: int, digests: dict[str, FileDigest]) -> None:
+        """Main process: publish the written checkpoint of ``step``. Refused by the file system, the
+        folder is removed and ``refused`` told (the other ranks are elsewhere: nothing is raised)."""
+        try:
+            final = atomic.publish(self.state.output_dir, step, digests)
+        except (OSError, CheckpointError) as exc:
+            removed = write_failures.remove_unfinished(self.state, step)
+            if isinstance(exc, OSError):
+                self.refused(f"checkpoint of step {step} not published: {os_error_line(exc)}; {removed}",
+                             write_failures.fix_for(exc.errno))
+            else:
+                self.refused(f"checkpoint of step {step} not published: {exc}; {removed}", "")
+            return
+        logger.debug("checkpoint of step %d published", step)
+        self._published(final)
 
     def _published(self, final: Path | None) -> None:
         """After a publish (``final`` on the main process only): older step folders may go."""
@@ -146,8 +181,13 @@ class CheckpointSaver:
         retention.prune(self.state.output_dir, int(final.name), self.settings.keep_last_checkpoints)
 
 
-def _write_and_hash(writes: list[tuple[dict[str, Any], Path]], group: Any, step_dir: Path) -> dict[str, FileDigest]:
-    """Background thread, collective over ``group``: the queued shard writes, then every
-    rank's digests of the shard files it wrote, for the main process's manifest."""
-    write_deferred(writes, group)
-    return gather_shard_digests(step_dir, distributed=True, group=group)
+def _write_and_hash(
+    state: CheckpointState, writes: list[tuple[dict[str, Any], Path]], group: Any, step_dir: Path
+) -> dict[str, FileDigest]:
+    """Background thread, collective over ``group``: the queued shard writes, then every rank's
+    digests of the shard files it wrote, for the main process's manifest. A failed write
+    raises ``SaveFailed`` in every rank's thread alike."""
+    with write_failures.save_phase(state, group):
+        write_deferred(writes, group)
+        mine = own_shard_digests(step_dir, state.ctx.rank)
+    return gather_digests(state.ctx, mine, group)

@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from lerobot_kit.core.errors import CheckpointError, first_line
 from lerobot_kit.core.layout import paths
+from lerobot_kit.core.layout.file_modes import save_safetensors
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -40,7 +41,7 @@ def save_full_optimizer(state: dict[str, Any], directory: Path) -> None:
         for key, value in entry.items():
             tensor = value if isinstance(value, torch.Tensor) else torch.tensor(value)
             tensors[f"state.{fqn}.{key}"] = tensor.detach().to("cpu").contiguous()
-    save_file(tensors, str(directory / paths.OPTIMIZER_STATE))
+    save_safetensors(tensors, directory / paths.OPTIMIZER_STATE)
     groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items()} for group in state["param_groups"]]
     write_json(directory / paths.OPTIMIZER_PARAM_GROUPS, groups)
 
@@ -100,7 +101,7 @@ def restore_rng(tensors: dict[str, torch.Tensor]) -> None:
 
 def save_rng(per_rank: list[dict[str, torch.Tensor]], directory: Path) -> None:
     flat = {f"rank{rank}.{key}": value for rank, states in enumerate(per_rank) for key, value in states.items()}
-    save_file(flat, str(directory / paths.RNG_STATE))
+    save_safetensors(flat, directory / paths.RNG_STATE)
 
 
 def load_rng(directory: Path, rank: int) -> dict[str, torch.Tensor] | None:

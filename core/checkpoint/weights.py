@@ -23,8 +23,10 @@ from torch import Tensor, nn
 
 from lerobot_kit.core.checkpoint.shard_writes import save_shards
 from lerobot_kit.core.checkpoint.training_state import read_safetensors
+from lerobot_kit.core.checkpoint.write_failures import held_until_phase_end
 from lerobot_kit.core.errors import CheckpointError
 from lerobot_kit.core.layout import paths
+from lerobot_kit.core.layout.file_modes import save_safetensors
 from lerobot_kit.core.layout.stored_weights import StoredWeights
 from lerobot_kit.core.model.naming import ModelWeights
 
@@ -55,11 +57,15 @@ def write_weights_file(
     weights: ModelWeights, tensors: dict[str, Tensor], pretrained_dir: Path, *, metadata: dict[str, str] | None = None
 ) -> Path:
     """Main process only: ``tensors`` (stored names, as ``gathered_state`` gives them, or
-    re-encoded by a format) as the model's weights file, with extra safetensors ``metadata``."""
-    from safetensors.torch import save_file
+    re-encoded by a format) as the model's weights file, with extra safetensors ``metadata``.
 
+    During a checkpoint save, a refused write is held until the save's phase ends, where
+    every rank stops alike (``write_failures``): a format's collectives after this call
+    (DCP shards after the gathered file) still run on every rank.
+    """
     path = weights.file_in(pretrained_dir)
-    save_file(_own_storage(tensors), str(path), metadata={"format": "pt", **(metadata or {})})
+    with held_until_phase_end():
+        save_safetensors(_own_storage(tensors), path, metadata={"format": "pt", **(metadata or {})})
     return path
 
 

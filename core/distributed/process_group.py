@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from lerobot_kit.core.distributed.launcher import LaunchEnv, Launcher
+from lerobot_kit.core.distributed.started import mark_started
 from lerobot_kit.core.registry.registry import get_registry
 
 T = TypeVar("T")
@@ -96,6 +97,7 @@ def init_distributed(timeout_s: int) -> DistContext:
     backend = "nccl" if use_cuda else "gloo"
     _export(launch)
     timeout = timedelta(seconds=timeout_s)
+    mark_started()
     dist.init_process_group(
         backend=backend,
         store=_attempt_store(launch, timeout),
@@ -206,12 +208,13 @@ def all_reduce_sum(ctx: DistContext, values: dict[str, float]) -> dict[str, floa
     return _all_reduce(ctx, values, mean=False)
 
 
-def all_gather_objects(ctx: DistContext, obj: T) -> list[T]:
-    """Every rank's ``obj``, in rank order, on every rank (small picklable values)."""
+def all_gather_objects(ctx: DistContext, obj: T, group: Any = None) -> list[T]:
+    """Every rank's ``obj``, in rank order, on every rank (small picklable values); over
+    ``group`` (spanning every rank) when given, else the default group."""
     if not ctx.distributed:
         return [obj]
     everyone: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(everyone, obj)
+    dist.all_gather_object(everyone, obj, group=group)
     return everyone
 
 

@@ -3,8 +3,9 @@
 Every rank writes into ``NNNNNN.tmp``; after all ranks finish, the main process
 fsyncs, renames it to ``NNNNNN`` and then swaps the ``last`` symlink with an atomic
 ``os.replace``. The checksum manifest is written into the temporary folder just before,
-so a published step folder always has one. A crash at any point leaves the previous checkpoint and ``last`` intact;
-a stale ``.tmp`` is wiped by the next save of that step and ignored by resume.
+so a published step folder always has one, and every file gets the mode the umask gives
+(``core.layout.file_modes``). A crash at any point leaves the previous checkpoint and
+``last`` intact; a stale ``.tmp`` is wiped by the next save of that step and ignored by resume.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from lerobot_kit.core.layout import paths
+from lerobot_kit.core.layout.file_modes import match_umask_tree
 from lerobot_kit.core.layout.files import check_complete
 from lerobot_kit.core.layout.fsync import fsync_dir, fsync_tree
 from lerobot_kit.core.layout.manifest import FileDigest, write_manifest
@@ -46,6 +48,7 @@ def publish(output_dir: Path, step: int, digests: Mapping[str, FileDigest] | Non
     tmp = temp_step_dir(output_dir, step)
     final = root / paths.step_dir_name(step)
     check_complete(tmp, read_training_step(tmp), "nothing was published; the previous checkpoint is intact")
+    match_umask_tree(tmp)  # whichever library wrote a file, colleagues read it as the umask allows
     write_manifest(tmp, digests)
     fsync_tree(tmp)
     if final.exists():

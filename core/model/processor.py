@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from lerobot_kit.core.config.schema import PolicyConfig
 from lerobot_kit.core.data.dataset import ACTION_KEY, DatasetMeta
 from lerobot_kit.core.errors import CheckpointError, ConfigError
+from lerobot_kit.core.layout.file_modes import save_safetensors
 
 Mode = Literal["mean_std", "min_max"]
 MODES: tuple[str, ...] = ("mean_std", "min_max")
@@ -144,7 +145,7 @@ class PolicyProcessor:
             state = step.state_dict()
             state_file = f"{name}_step_{i}_{step.name}.safetensors" if state else None
             if state_file is not None:
-                save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(directory / state_file))
+                save_safetensors({k: v.detach().cpu().contiguous() for k, v in state.items()}, directory / state_file)
             entries.append({"registry_name": step.name, "config": step.config(), "state_file": state_file})
         (directory / f"{name}.json").write_text(json.dumps({"name": name, "steps": entries}, indent=2) + "\n")
 

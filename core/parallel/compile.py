@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from lerobot_kit.core.errors import ConfigError
-from lerobot_kit.core.parallel.wrap_units import outermost
+from lerobot_kit.core.parallel.wrap_units import WrapUnits, outermost
 
 _FLAG = "--accelerator.compile=true"
 
@@ -46,6 +46,17 @@ def check_compile_supported(device: torch.device) -> None:
 
         if not has_triton():
             raise ConfigError(f"{_FLAG} on CUDA needs Triton, which is not installed here: install it, or drop it")
+
+
+def check_compilable(wrap: WrapUnits) -> None:
+    """Refuse compile for unit groups run by a method: compile works on each unit's
+    ``forward``, which such a group never calls, so nothing of it would be compiled."""
+    methods = [g for g in wrap.groups if g.method is not None]
+    if methods:
+        raise ConfigError(
+            f"{_FLAG} compiles each wrap unit's forward, but this policy runs {len(methods)} of its units through "
+            f"{methods[0].method!r} (e.g. {methods[0].name!r}), which calls no forward of theirs: drop the flag"
+        )
 
 
 def apply_compile(model: nn.Module, unit_paths: list[str]) -> None:

@@ -1,7 +1,9 @@
 """FSDP2 (``fully_shard``) for the sharded layouts, FSDP and HSDP, and the initial-weights broadcast.
 
 Each wrap unit is sharded bottom-up, then the root, so one unit's parameters are gathered
-at a time. Ignored modules stay whole on every rank and out of FSDP's reductions;
+at a time. A unit group (``wrap_units.UnitGroup``) is one ``fully_shard`` over its list of
+modules, and the method that runs it is registered as an FSDP forward method, so the
+whole group is gathered when the method is called. Ignored modules stay whole on every rank and out of FSDP's reductions;
 ``Parallelized.finish_grad_sync`` averages their gradients instead, so they never drift.
 
 Meta-device construction (no rank ever holds the whole model): build the model under
@@ -24,7 +26,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+    register_fsdp_forward_method,
+)
 
 from lerobot_kit.core.config.schema import AcceleratorConfig
 from lerobot_kit.core.parallel.dims import ParallelDims
@@ -53,6 +61,11 @@ def apply_fsdp(
     )
     for path in reversed(wrap.paths):  # reversed model order: every unit before the units around it
         fully_shard(model.get_submodule(path), **options)
+    for group in wrap.groups:  # disjoint from the units above (resolve_wrap_units checks)
+        modules = [model.get_submodule(path) for path in group.paths]
+        fully_shard(modules if len(modules) > 1 else modules[0], **options)
+        if group.method is not None:
+            register_fsdp_forward_method(modules[0], group.method)
     fully_shard(model, **options)
     if not has_meta(model):
         for path in wrap.ignored_modules:  # FSDP moves only what it manages
@@ -83,3 +96,22 @@ def broadcast_initial_weights(parallel: Parallelized, full_state: dict[str, torc
     set_model_state_dict(
         parallel.model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     )
+    # Non-persistent buffers (rotary frequencies, position ids) are in no state dict, and
+    # to_empty left them uninitialised on ranks built on meta: they too come from the main
+    # process, which built them. FSDP never shards buffers, so each is whole on every rank.
+    for buffer in non_persistent_buffers(parallel.model):
+        staged = buffer.to(parallel.device)  # the backend's device (cpu_offload may keep buffers on the host)
+        dist.broadcast(staged, src=0)
+        if staged is not buffer:
+            buffer.copy_(staged)
+
+
+def non_persistent_buffers(model: nn.Module) -> list[torch.Tensor]:
+    """Every non-persistent buffer of ``model``, once each, in module order (the same on every rank)."""
+    found = (
+        buffer
+        for module in model.modules()
+        for name, buffer in module.named_buffers(recurse=False)
+        if name in module._non_persistent_buffers_set
+    )
+    return list({id(b): b for b in found if b is not None}.values())

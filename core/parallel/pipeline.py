@@ -4,7 +4,8 @@
    model is built (``core.run.assemble``), and handed in here as a value.
 1. Mesh — ``ParallelDims.build_mesh``: named axes dp_replicate, dp_shard, cp, tp (cp and
    tp are refused above 1 when the degrees are resolved: no stage splits a model yet).
-2. Activation checkpointing — each unit (``activation_checkpointing``), if enabled.
+2. Activation checkpointing — each unit (``activation_checkpointing``), if enabled; a
+   unit group through the method that runs it.
 3. Compile — each unit (``compile``), if enabled: after AC so the recomputation is
    compiled too, before FSDP so its gathers stay outside the graphs.
 4. Data parallelism — FSDP2 per unit then the root (``fsdp``) for sharded layouts,
@@ -22,8 +23,8 @@ import torch
 from torch import nn
 
 from lerobot_kit.core.config.schema import AcceleratorConfig
-from lerobot_kit.core.parallel.activation_checkpointing import apply_activation_checkpointing
-from lerobot_kit.core.parallel.compile import apply_compile, check_compile_supported
+from lerobot_kit.core.parallel.activation_checkpointing import apply_activation_checkpointing, checkpoint_groups
+from lerobot_kit.core.parallel.compile import apply_compile, check_compilable, check_compile_supported
 from lerobot_kit.core.parallel.ddp import apply_ddp
 from lerobot_kit.core.parallel.dims import ParallelDims
 from lerobot_kit.core.parallel.fsdp import apply_fsdp, broadcast_initial_weights, full_state_of_main
@@ -47,14 +48,16 @@ def parallelize(
     those weights are broadcast after sharding. Without it, a meta-built model is left
     for the caller to initialise (see ``fsdp``).
     """
-    if (dims.sharded or accel.activation_checkpointing or accel.compile) and not wrap.paths:
+    if (dims.sharded or accel.activation_checkpointing or accel.compile) and not wrap.any:
         raise ValueError("no wrap units: resolve them with resolve_wrap_units for this layout and these flags")
     if accel.compile:
+        check_compilable(wrap)
         check_compile_supported(device)  # before any collective, so a refusal is one line on every rank
     mesh = dims.build_mesh(device.type)
     full_state = full_state_of_main(model) if dims.sharded and weights_from_main else {}
     if accel.activation_checkpointing:
         apply_activation_checkpointing(model, list(wrap.paths))
+        checkpoint_groups(model, wrap.groups)
     if accel.compile:
         apply_compile(model, list(wrap.paths))
     if not dims.sharded:

@@ -10,6 +10,20 @@ checkpointing and compile, which work per unit in every layout.
 
 ``--accelerator.fsdp.ignored_modules`` (a regex, full match on module paths) keeps whole
 modules unsharded and out of FSDP's reductions; it applies to sharded runs only.
+
+Unit groups. FSDP2 gathers a unit's parameters in a hook on its ``forward`` and frees them
+in another after it. Some models never call the forward of their layers: a joint
+attention (LeRobot's π0/π0.5 and SmolVLA) runs layer *i* of two towers together, calling
+each layer's norms and projections from outside the layer, so hooks on the layers never
+fire and their parameters would stay sharded while used. Such a policy declares, besides
+its classes, ``fsdp_unit_groups()``: ``UnitGroup``s, each several modules that are one
+unit, and the name of the method (an attribute of the group's first module) that runs
+them. The group is sharded as one unit (``fully_shard`` on the list of modules) and the
+method is registered as an FSDP forward method, so calling it gathers the whole group
+before and frees it after, and its backward reduces the group's gradients once.
+Activation checkpointing wraps that method. A group may also name one module and no
+method: a unit chosen by path rather than class (a tied or unused head, an embedding).
+Groups are the policy's, whatever the flags say: the model computes wrongly without them.
 """
 
 from __future__ import annotations
@@ -20,8 +34,9 @@ from dataclasses import dataclass
 from torch import nn
 
 from lerobot_kit.core.config.schema import AcceleratorConfig, FSDPConfig
-from lerobot_kit.core.errors import ConfigError
+from lerobot_kit.core.errors import ConfigError, PluginError
 from lerobot_kit.core.parallel.dims import ParallelDims
+from lerobot_kit.core.parallel.unit_group import UnitGroup
 
 # Containers have no forward, so FSDP's pre-forward gather would never run for them.
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
@@ -29,7 +44,8 @@ _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
 
 @dataclass(frozen=True)
 class WrapUnits:
-    """The resolved units of a run: paths in model order, where they came from, ignored modules.
+    """The resolved units of a run: single-module units (paths, in model order), unit
+    groups, where the single units came from, ignored modules.
 
     Holds module paths, never parameter objects: ``to_empty`` from the meta device
     replaces plain parameters, so ``ignored_params`` looks them up on the model it is given.
@@ -38,9 +54,23 @@ class WrapUnits:
     paths: tuple[str, ...] = ()
     source: str = ""  # "flag" | "policy" | "min_num_params" | "" (none needed)
     ignored_modules: tuple[str, ...] = ()  # outermost matches of --accelerator.fsdp.ignored_modules
+    groups: tuple[UnitGroup, ...] = ()  # the policy's fsdp_unit_groups(), paths from the model's root
+
+    @property
+    def any(self) -> bool:
+        """Whether the run has any unit besides the root."""
+        return bool(self.paths or self.groups)
+
+    @property
+    def count(self) -> int:
+        return len(self.paths) + len(self.groups)
 
     def unit_of(self, param_path: str) -> str:
-        """The innermost unit holding ``param_path``; "" for the root."""
+        """The unit holding ``param_path``: the innermost single unit, or the name of the
+        group one of whose modules holds it; "" for the root."""
+        for group in self.groups:
+            if unit_of(param_path, group.paths):
+                return group.name
         return unit_of(param_path, self.paths)
 
     def ignored_params(self, model: nn.Module) -> list[nn.Parameter]:
@@ -69,28 +99,103 @@ def resolve_wrap_units(
     ]
     if not uses:
         return WrapUnits()
-    units, source = _select_units(model, accel.fsdp, declared, *uses[0])
+    groups, singles = declared_groups(model)
+    units, source = _select_units(model, accel.fsdp, declared, *uses[0], have_groups=bool(groups or singles))
+    units = _merge_single_units(model, units, singles, groups)
+    if singles and not source:
+        source = "policy"
     if not dims.sharded:
-        return WrapUnits(tuple(units), source)
+        return WrapUnits(tuple(units), source, (), tuple(groups))
     fsdp = accel.fsdp
     ignored_paths = _ignored_paths(model, fsdp.ignored_modules)
-    wrap = WrapUnits(tuple(units), source, tuple(ignored_paths))
+    wrap = WrapUnits(tuple(units), source, tuple(ignored_paths), tuple(groups))
     ignored = set(wrap.ignored_params(model))
-    units = [u for u in units if any(p not in ignored for p in model.get_submodule(u).parameters())]
-    if not units:
+
+    def holds_sharded(path: str) -> bool:
+        return any(p not in ignored for p in model.get_submodule(path).parameters())
+
+    units = [u for u in units if holds_sharded(u)]
+    groups = [g for g in groups if any(holds_sharded(p) for p in g.paths)]
+    if not units and not groups:
         raise ConfigError(
             f"every FSDP wrap unit lies inside --accelerator.fsdp.ignored_modules={fsdp.ignored_modules!r}, "
             "so nothing would be sharded: narrow the regex"
         )
-    check_tied_weights(model, units, ignored)
-    return WrapUnits(tuple(units), source, tuple(ignored_paths))
+    wrap = WrapUnits(tuple(units), source, tuple(ignored_paths), tuple(groups))
+    check_tied_weights(model, wrap, ignored)
+    return wrap
+
+
+def declared_groups(model: nn.Module) -> tuple[list[UnitGroup], list[str]]:
+    """The unit groups the policy inside ``model`` declares (``fsdp_unit_groups()``), with
+    paths from ``model``'s root, split into real groups (several modules, or a method) and
+    single modules chosen by path; both empty when the policy declares none.
+
+    Refuses groups whose modules do not exist, overlap, or whose method is missing: a
+    wrong declaration must fail at start-up, not as a shape error deep in a forward.
+    """
+    # Looked up on the class: a PEFT wrapper forwards unknown attributes to the model it wraps,
+    # so asking instances would find the policy's method on the wrapper, with the wrong prefix.
+    owner = next(((path, m) for path, m in model.named_modules() if callable(getattr(type(m), "fsdp_unit_groups", None))),
+                 None)
+    if owner is None:
+        return [], []
+    prefix, policy = owner
+    declared = [group.under(prefix) for group in policy.fsdp_unit_groups()]
+    known = dict(model.named_modules())
+    where = f"{type(policy).__name__}.fsdp_unit_groups()"
+    seen: dict[str, str] = {}
+    for group in declared:
+        if not group.paths:
+            raise PluginError(f"{where} declares a group of no modules")
+        for path in group.paths:
+            if path not in known or not path:
+                raise PluginError(f"{where} names {path!r}, which is not a submodule of {type(model).__name__}")
+            clash = next((other for other in seen if path == other or path.startswith(other + ".")
+                          or other.startswith(path + ".")), None)
+            if clash is not None:
+                raise PluginError(
+                    f"{where}: module {path!r} (unit {group.name!r}) overlaps {clash!r} (unit {seen[clash]!r}); "
+                    "a module belongs to one unit"
+                )
+            seen[path] = group.name
+        if group.method is not None and not callable(getattr(known[group.paths[0]], group.method, None)):
+            raise PluginError(
+                f"{where}: unit {group.name!r} is run by {group.method!r}, which module {group.paths[0]!r} "
+                f"({type(known[group.paths[0]]).__name__}) does not have"
+            )
+    groups = [g for g in declared if len(g.paths) > 1 or g.method is not None]
+    singles = [g.paths[0] for g in declared if len(g.paths) == 1 and g.method is None]
+    return groups, singles
+
+
+def _merge_single_units(
+    model: nn.Module, units: list[str], singles: list[str], groups: list[UnitGroup]
+) -> list[str]:
+    """The class-selected units plus the policy's single-module groups, in model order; a
+    selected unit inside or around a group's module is refused (a group's modules are
+    gathered by its method, which a unit's own hooks would preempt or miss)."""
+    in_groups = [p for g in groups for p in g.paths]
+    for unit in units:
+        clash = next((p for p in in_groups if unit == p or unit.startswith(p + ".") or p.startswith(unit + ".")),
+                     None)
+        if clash is not None:
+            group = next(g for g in groups if clash in g.paths)
+            raise ConfigError(
+                f"wrap unit {unit!r} ({type(model.get_submodule(unit)).__name__}) overlaps module {clash!r} of the "
+                f"policy's unit group {group.name!r}, which runs through {group.method or 'forward'}: "
+                "name other classes in --accelerator.fsdp.wrap_modules"
+            )
+    chosen = set(units) | set(singles)
+    return [path for path, _ in model.named_modules() if path in chosen]
 
 
 def _select_units(
-    model: nn.Module, fsdp: FSDPConfig, declared: list[str] | None, who: str, why: str
+    model: nn.Module, fsdp: FSDPConfig, declared: list[str] | None, who: str, why: str, *, have_groups: bool
 ) -> tuple[list[str], str]:
     """Module paths of the units (model order) and where the choice came from; ``who``
-    needs them and ``why`` (for the error when nothing names any)."""
+    needs them and ``why`` (for the error when nothing names any). A policy with unit
+    groups may name no class."""
     if fsdp.wrap_modules:
         return _units_by_class(model, fsdp.wrap_modules, "--accelerator.fsdp.wrap_modules"), "flag"
     if declared:
@@ -98,6 +203,8 @@ def _select_units(
         return _units_by_class(model, list(declared), where), "policy"
     if fsdp.min_num_params:
         return _units_by_size(model, fsdp.min_num_params), "min_num_params"
+    if have_groups:
+        return [], ""
     raise ConfigError(
         f"{who} needs FSDP wrap units, but the policy ({type(model).__name__}) declares no "
         "_fsdp_wrap_modules and neither --accelerator.fsdp.wrap_modules='[\"ClassName\"]' nor "
@@ -178,7 +285,7 @@ def unit_of(param_path: str, units: tuple[str, ...] | list[str]) -> str:
 
 
 def check_tied_weights(
-    model: nn.Module, unit_paths: list[str], ignored_params: set[nn.Parameter] | frozenset = frozenset()
+    model: nn.Module, wrap: WrapUnits, ignored_params: set[nn.Parameter] | frozenset = frozenset()
 ) -> None:
     """Refuse one parameter reachable from two FSDP units (or a unit and the root): each
     unit gathers and frees its own parameters, so a shared one would be used while
@@ -187,7 +294,7 @@ def check_tied_weights(
     for name, param in model.named_parameters(remove_duplicate=False):
         if param in ignored_params:
             continue
-        unit = unit_of(name, unit_paths)
+        unit = wrap.unit_of(name)
         if id(param) not in seen:
             seen[id(param)] = (name, unit)
             continue

@@ -39,6 +39,8 @@ from lerobot_kit.core.data.dataset import DatasetMeta, pad_key
 from lerobot_kit.core.data.windows import expand_delta_indices
 from lerobot_kit.core.errors import ConfigError
 from lerobot_kit.core.parallel.activation_checkpointing import apply_activation_checkpointing
+from lerobot_kit.core.parallel.activation_checkpointing import checkpoint_groups as checkpoint_groups_of
+from lerobot_kit.core.parallel.unit_group import UnitGroup
 from lerobot_kit.core.plan.live_bytes import StorageTimeline
 
 ItemShapes = dict[str, tuple[tuple[int, ...], torch.dtype]]
@@ -72,6 +74,18 @@ def item_shapes(meta: DatasetMeta, delta_indices: dict[str, list[int]]) -> ItemS
     return shapes
 
 
+def policy_inputs(policy_config: Any) -> ItemShapes:
+    """Batch entries the run's preprocessor makes from values a shape-only trace has not (a
+    language policy's prompt tokens, from the task's text), as the policy config's
+    ``plan_inputs()`` names them: entry -> (shape of one sample, dtype name); none when it
+    has no such method. A plan then traces these entries instead of running that
+    preprocessor, whose files (a tokenizer) it does not need."""
+    declared = getattr(policy_config, "plan_inputs", None)
+    if not callable(declared):
+        return {}
+    return {key: (tuple(shape), getattr(torch, dtype)) for key, (shape, dtype) in declared().items()}
+
+
 @dataclass(frozen=True)
 class FSDPCompute:
     """What FSDP2 changes in the forward of a sharded run: its precision policy, the paths
@@ -100,12 +114,16 @@ class StepTracer:
     them), because giving a large policy fake parameters costs as much as a trace.
     """
 
-    def __init__(self, step: TrainStep, checkpoint_units: Sequence[str] | None) -> None:
+    def __init__(
+        self, step: TrainStep, checkpoint_units: Sequence[str] | None, checkpoint_groups: Sequence[UnitGroup] = ()
+    ) -> None:
         self._step = step
         self._mode = FakeTensorMode(allow_non_fake_inputs=True)  # the processor's stats are real tensors
         self._model = copy.deepcopy(step.model)
         if checkpoint_units:
             apply_activation_checkpointing(self._model, list(checkpoint_units))
+        if checkpoint_groups:  # unit groups: through the method that runs each, as the run does
+            checkpoint_groups_of(self._model, list(checkpoint_groups))
         with self._mode:
             self._model.to_empty(device="cpu")
             if step.fsdp is not None:

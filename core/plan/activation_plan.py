@@ -17,7 +17,7 @@ from lerobot_kit.core.data.dataset import DatasetMeta
 from lerobot_kit.core.errors import ConfigError
 from lerobot_kit.core.model.processor import PolicyProcessor
 from lerobot_kit.core.parallel.precision import autocast_dtype, build_mp_policy
-from lerobot_kit.core.parallel.wrap_units import outermost, resolve_wrap_units
+from lerobot_kit.core.parallel.wrap_units import WrapUnits, outermost, resolve_wrap_units
 from lerobot_kit.core.plan.activation_memory import (
     FSDPCompute,
     ItemShapes,
@@ -25,6 +25,7 @@ from lerobot_kit.core.plan.activation_memory import (
     TrainStep,
     UntraceableStep,
     item_shapes,
+    policy_inputs,
 )
 from lerobot_kit.core.plan.batch_fit import BatchFit, largest_batch
 from lerobot_kit.core.run.assemble import BuiltModel, declared_wrap_modules
@@ -87,18 +88,18 @@ def plan_activations(
     activations (for the fit against ``device_memory_gb``)."""
     config = spec.config
     accel = config.accelerator
-    item = item_shapes(meta, config.policy.delta_indices())
+    item = {**item_shapes(meta, config.policy.delta_indices()), **policy_inputs(config.policy)}
     mp_policy = build_mp_policy(accel) if spec.dims.sharded else None
     fsdp = FSDPCompute(mp_policy, ("", *built.wrap.paths), built.wrap.ignored_modules) if mp_policy else None
     step = TrainStep(built.model, preprocessor, item, autocast_dtype(accel), fsdp)
     units, no_checkpointing = _checkpoint_units(built, spec)
     figures: dict[str, Any] = dict(
-        batch_size=config.batch_size, item=item, checkpoint_units=len(outermost(units)),
+        batch_size=config.batch_size, item=item, checkpoint_units=len(outermost(units.paths)) + len(units.groups),
         checkpointing=accel.activation_checkpointing,
     )
     try:
         plain = _Traces(StepTracer(step, None))
-        checkpointed = _Traces(StepTracer(step, units)) if units else None
+        checkpointed = _Traces(StepTracer(step, units.paths, units.groups)) if units.any else None
         fit = None
         if device_memory_gb is not None:
             run = checkpointed if accel.activation_checkpointing else plain
@@ -132,15 +133,15 @@ class _Traces:
         return self._bytes[batch_size]
 
 
-def _checkpoint_units(built: BuiltModel, spec: RunSpec) -> tuple[tuple[str, ...], str | None]:
+def _checkpoint_units(built: BuiltModel, spec: RunSpec) -> tuple[WrapUnits, str | None]:
     """The units checkpointing wraps in this run (or would, once turned on), else why none."""
-    if built.wrap.paths:
-        return built.wrap.paths, None
+    if built.wrap.any:
+        return built.wrap, None
     accel = spec.config.accelerator.model_copy(update={"activation_checkpointing": True})
     try:
-        return resolve_wrap_units(built.model, spec.dims, accel, declared_wrap_modules(built.model)).paths, None
+        return resolve_wrap_units(built.model, spec.dims, accel, declared_wrap_modules(built.model)), None
     except ConfigError:
-        return (), (
+        return WrapUnits(), (
             "no wrap units to checkpoint: the policy declares none; name them with "
             "--accelerator.fsdp.wrap_modules or --accelerator.fsdp.min_num_params"
         )

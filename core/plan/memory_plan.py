@@ -41,7 +41,8 @@ _ADAM_MOMENTS = 2  # exp_avg, exp_avg_sq
 
 @dataclass(frozen=True)
 class UnitPlan:
-    """One FSDP unit and the parameters it gathers: its own, not a nested unit's nor ignored ones."""
+    """One FSDP unit and the parameters it gathers: its own, not a nested unit's nor ignored ones. A unit
+    group is one unit whose path is its modules' paths joined by "+" (classes likewise)."""
 
     path: str
     class_name: str
@@ -149,7 +150,11 @@ def plan_model(model: nn.Module, dims: ParallelDims, accel: AcceleratorConfig, w
             per_rank=ddp, gather_dtype=None, largest_gather_bytes=None, largest_gather_unit=None,
             device_bytes=ddp.total_bytes,
         )
-    units, source, ignored_paths = list(wrap.paths), wrap.source, list(wrap.ignored_modules)
+    source, ignored_paths = wrap.source, list(wrap.ignored_modules)
+    # A unit group is planned as one unit named by its paths joined with "+", as unit_of names it.
+    classes = {path: type(model.get_submodule(path)).__name__ for path in wrap.paths}
+    classes.update({g.name: "+".join(type(model.get_submodule(p)).__name__ for p in g.paths) for g in wrap.groups})
+    units = list(classes)
     ignored = set(wrap.ignored_params(model))
     mp_policy = build_mp_policy(accel)
     cast = mp_policy.param_dtype if mp_policy is not None else None
@@ -169,7 +174,7 @@ def plan_model(model: nn.Module, dims: ParallelDims, accel: AcceleratorConfig, w
     return ShardingPlan(
         **plan_kw,
         wrap_source=source,
-        units=[UnitPlan(u, type(model.get_submodule(u)).__name__, managed[u]) for u in units],
+        units=[UnitPlan(u, classes[u], managed[u]) for u in units],
         root_params=managed[""],
         ignored_modules=ignored_paths,
         ignored_params=sum(p.numel() for p in ignored),
@@ -197,6 +202,8 @@ def plan_run(config: TrainConfig, world_size: int, device_memory_gb: float | Non
     step fits a device of that many GiB."""
     from lerobot_kit.core.data.build import build_dataset
     from lerobot_kit.core.model.policy import make_policy_processors
+    from lerobot_kit.core.model.processor import make_processors
+    from lerobot_kit.core.plan.activation_memory import policy_inputs
     from lerobot_kit.core.plan.activation_plan import plan_activations
     from lerobot_kit.core.run.assemble import build_model
     from lerobot_kit.core.run.spec import resolve_run
@@ -205,6 +212,12 @@ def plan_run(config: TrainConfig, world_size: int, device_memory_gb: float | Non
     dataset = build_dataset(config)
     built = build_model(spec, dataset.meta, torch.device("meta"))
     sharding = plan_model(built.model, spec.dims, config.accelerator, built.wrap)
-    preprocessor, _ = make_policy_processors(config.policy, dataset.meta)
+    if policy_inputs(config.policy):
+        # The policy's preprocessor makes entries from values a shape-only trace has not (a
+        # task's text, tokenized from files the plan need not have): the trace is given those
+        # entries by shape (``plan_inputs``) and the batch is only normalised.
+        preprocessor, _ = make_processors(config.policy, dataset.meta)
+    else:
+        preprocessor, _ = make_policy_processors(config.policy, dataset.meta)
     activations = plan_activations(built, spec, dataset.meta, preprocessor, sharding.device_bytes, device_memory_gb)
     return RunPlan(sharding, activations)

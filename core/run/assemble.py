@@ -46,10 +46,15 @@ def build_model(spec: RunSpec, meta: DatasetMeta, device: torch.device) -> Built
         policy = make_policy(config.policy, meta)
     if config.policy.path and (spec.use_peft or not spec.resuming) and not on_meta:
         load_pretrained_weights(policy, Path(config.policy.path))
+    from lerobot_kit.core.model.peft import align_trainable_dtypes
+
     if not spec.use_peft:
         wrap = resolve_wrap_units(policy, spec.dims, config.accelerator, declared_wrap_modules(policy))
+        # A policy stored in bf16 with some parameters kept in fp32 (LeRobot's π0.5 in its bf16
+        # mode): trainable ones one dtype per unit, as FSDP2 needs; frozen ones keep their dtype.
+        align_trainable_dtypes(policy, config, spec.dims, wrap)
         return BuiltModel(policy, wrap)
-    from lerobot_kit.core.model.peft import align_trainable_dtypes, wrap_policy
+    from lerobot_kit.core.model.peft import wrap_policy
 
     assert spec.peft_base is not None
     model = wrap_policy(policy, config.peft, spec.peft_base)

@@ -42,14 +42,17 @@ def format_banner(run: "RunComponents", dataset_len: int, start_step: int) -> li
     total = sum(p.numel() for p in params)
     trainable = sum(p.numel() for p in params if p.requires_grad)
     per_rank = sum(local_numel(p) for p in params)
-    units = run.parallel.wrap.paths
+    wrap = run.parallel.wrap
+    units = wrap.paths
     classes = sorted({unit_class_name(run.parallel.model.get_submodule(path)) for path in units})
     accel = config.accelerator
     applied = "".join(f", {what}" for what, on in (("checkpointed", accel.activation_checkpointing),
                                                   ("compiled", accel.compile)) if on)
-    unit_text = "none (not sharded)"
-    if units:
-        unit_text = f"{len(units)} from {run.parallel.wrap.source} ({', '.join(classes)}){applied}"
+    parts = [f"{len(units)} from {wrap.source} ({', '.join(classes)})"] if units else []
+    if wrap.groups:  # the policy's unit groups: several modules per unit, run by a method
+        methods = sorted({g.method or "forward" for g in wrap.groups})
+        parts.append(f"{len(wrap.groups)} unit groups of the policy (run by {', '.join(methods)})")
+    unit_text = " + ".join(parts) + applied if parts else "none (not sharded)"
     lines = [
         f"lerobot-kit {package_version()} | layout {dims.layout} | world {ctx.world_size} "
         f"(dp_replicate {dims.dp_replicate} × dp_shard {dims.dp_shard}) | launcher {ctx.launcher} | "

@@ -28,8 +28,6 @@ from lerobot_kit.core.model.peft import is_peft_model
 from lerobot_kit.core.model.policy import Policy
 from lerobot_kit.core.run.assemble import build_model
 from lerobot_kit.core.run.components import RunComponents
-from lerobot_kit.core.run.metrics_log import append_row
-from lerobot_kit.core.run.tracking import Tracker
 
 logger = logging.getLogger("lerobot_kit")
 
@@ -37,28 +35,26 @@ EVAL_DIR = "eval"
 
 
 class TrainingEvaluation:
-    """``hook(step)``: evaluates at the configured steps, logs one row per evaluation."""
+    """``hook(step)``: evaluates at the configured steps; returns one metrics row per evaluation,
+    which the trainer logs beside its own rows (main process; None elsewhere)."""
 
-    def __init__(self, run: RunComponents, tracker: Tracker) -> None:
+    def __init__(self, run: RunComponents) -> None:
         config = run.config
         self.run = run
-        self.tracker = tracker
         # Built at start-up, so an environment that does not fit stops the run before step 1.
         self.evaluator = Evaluator(config.env, config.eval, config.seed, run.ctx, run.meta)
 
-    def __call__(self, step: int) -> None:
+    def __call__(self, step: int) -> dict[str, float] | None:
         config = self.run.config
         if step % config.eval_freq and step != config.steps:
-            return
+            return None
         output_dir = eval_output(self.run.output_dir, step)
         info = self.evaluator.run(self._policy_copy(), self.run.preprocessor, self.run.postprocessor,
                                   output_dir, {"step": step})
         if info is None:
-            return
-        row = metrics_row(info, step)
+            return None
         logger.info(f"eval step {step} | {summary(info)} | {output_dir}")
-        append_row(self.run.output_dir, row)
-        self.tracker.log(row, step)
+        return metrics_row(info, step)
 
     def _policy_copy(self) -> Policy:
         """Collective when sharded: the trained policy, unsharded, unwrapped, with PEFT adapters merged."""
@@ -81,9 +77,9 @@ class TrainingEvaluation:
         return policy
 
 
-def evaluation_hooks(run: RunComponents, tracker: Tracker) -> list[TrainingEvaluation]:
+def evaluation_hooks(run: RunComponents) -> list[TrainingEvaluation]:
     """The trainer's step hooks: one evaluation when ``--eval_freq`` is set, else none."""
-    return [TrainingEvaluation(run, tracker)] if run.config.eval_freq else []
+    return [TrainingEvaluation(run)] if run.config.eval_freq else []
 
 
 def eval_output(output_dir: Path, step: int) -> Path:

@@ -1,8 +1,9 @@
 """The fault-handling layer around the training loop, behind four calls the loop makes.
 
 The loop asks ``stop_now`` before each step and reports ``step_started`` /
-``step_finished``; behind them sit the stop-on-signal agreement (``preemption``), the
-hang watchdog (``watchdog``) and, in tests only, fault injection (``fault_injection``).
+``step_finished``; behind them sit the stop-on-signal agreement (``preemption``), which
+also stops every rank when one could not write the run's output (``output_failures``),
+the hang watchdog (``watchdog``) and, in tests only, fault injection (``fault_injection``).
 So the loop stays one straight path, and each concern is a module of its own.
 
 ``guarded_run`` wraps the whole of ``train``: its stop handlers are installed at the first
@@ -15,9 +16,11 @@ import functools
 import signal
 from typing import TYPE_CHECKING, Callable, TypeVar
 
-from lerobot_kit.core.checkpoint.disk_space import DiskSpaceRefused
+from lerobot_kit.core.checkpoint.disk_space import DiskFullError
+from lerobot_kit.core.checkpoint.write_failures import CheckpointWriteError
 from lerobot_kit.core.run import fault_injection
 from lerobot_kit.core.run.nonfinite import NonFiniteError
+from lerobot_kit.core.run.output_failures import OutputFailures, OutputWriteError
 from lerobot_kit.core.run.preemption import (
     RunStopped,
     StartupStopped,
@@ -34,9 +37,12 @@ if TYPE_CHECKING:
 
 Result = TypeVar("Result")
 
-# Raised on every rank at the same step, after the ranks agreed on it (a non-finite step, a
-# save the disk cannot hold): like a stop, the ranks close their process group together.
-EVERY_RANK_ERRORS = (NonFiniteError, DiskSpaceRefused)
+# Raised on every rank at the same point of the loop, after the ranks agreed on it (a
+# non-finite step, a save the disk cannot hold or the file system refused), and after the
+# loop (a refused write of the run's other output): like a stop, the ranks close their
+# process group together.
+LOOP_ERRORS = (NonFiniteError, DiskFullError, CheckpointWriteError)
+EVERY_RANK_ERRORS = (*LOOP_ERRORS, OutputWriteError)
 
 
 def guarded_run(train: Callable[[TrainConfig], Result]) -> Callable[[TrainConfig], Result]:
@@ -78,7 +84,8 @@ class RunGuards:
         installed = installed_stop_signals()
         self._own_handlers = installed is None
         self.requests = installed or StopSignals(config.preemption, ctx.rank)
-        self.agreement = StopAgreement(self.requests, ctx.distributed)
+        self.failures = OutputFailures(ctx, run.output_dir)
+        self.agreement = StopAgreement(self.requests, ctx.distributed, failing=self.failures.pending)
         timeout = config.parallelism.step_timeout_s
         self.watchdog = StepWatchdog(timeout, ctx.rank) if timeout is not None else None
         self.faults = fault_injection.from_env(run)
@@ -97,8 +104,13 @@ class RunGuards:
 
     @property
     def stopped_by(self) -> signal.Signals | None:
-        """The signal the ranks agreed to stop on, or None when the run went to its end."""
+        """The signal the ranks agreed to stop on, or None when the run went to its end (or failed)."""
         return self.agreement.agreed
+
+    def output_error(self, step: int) -> OutputWriteError | None:
+        """Collective, after the loop: on every rank, the ``OutputWriteError`` to raise when a rank
+        could not write the run's output, else None."""
+        return self.failures.agreed_error(step)
 
     def step_started(self, step: int) -> None:
         """``step`` is the number of the step about to run (checkpoints count the same way)."""

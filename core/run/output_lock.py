@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lerobot_kit.core.distributed.launcher import env_int
-from lerobot_kit.core.errors import LerobotError
+from lerobot_kit.core.errors import LerobotError, os_error_line
 
 LOCK_FILE = ".lerobot-kit.lock"
 TAKEOVER_SUFFIX = ".takeover"
@@ -244,7 +244,11 @@ class OutputLock:
         if self._path is not None:
             holder = read_holder(self._path)
             if holder is not None and holder.raw == self._raw:
-                self._path.unlink(missing_ok=True)
+                try:
+                    self._path.unlink(missing_ok=True)
+                except OSError as exc:  # a read-only remount: the run's own line stays the one error
+                    logger.warning(f"warning: the lock {self._path} is not removed ({os_error_line(exc)}); "
+                                   "a later run takes it over, as its holder is gone")
             self._path = None
         self._remove_created()
 

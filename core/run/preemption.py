@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -40,6 +41,9 @@ from lerobot_kit.core.errors import LerobotError
 # sysexits.h EX_TEMPFAIL: "a temporary failure; the user is invited to retry".
 STOPPED_EXIT_CODE = 75
 REPEAT_GRACE_S = 2.0
+# The flag of a rank that could not write the run's output (``output_failures``): above
+# every signal number, so that the MAX of the ranks' flags says "failed" over "signalled".
+OUTPUT_FAILED = 1 << 10
 
 
 class RunStopped(LerobotError):
@@ -150,10 +154,15 @@ def installed_stop_signals() -> StopSignals | None:
 
 
 class StopAgreement:
-    """Once per step, whether any rank has a stop request; the same answer on every rank."""
+    """Once per step, whether any rank has a stop request; the same answer on every rank.
 
-    def __init__(self, requests: StopSignals, distributed: bool) -> None:
+    A request is a signal, or ``failing()``: a write of the run's output failed on this
+    rank. The ranks then stop alike, with ``agreed`` left None (no signal, no checkpoint).
+    """
+
+    def __init__(self, requests: StopSignals, distributed: bool, failing: Callable[[], bool] | None = None) -> None:
         self.requests = requests
+        self.failing = failing
         self.agreed: signal.Signals | None = None
         self._group: Any = None
         self._pending: Any = None
@@ -170,8 +179,7 @@ class StopAgreement:
     def stop_now(self) -> bool:
         """Call once per step on every rank, before the step; true: stop here."""
         if self._group is None:
-            self.agreed = self.requests.received
-            return self.agreed is not None
+            return self._settle(self._local())
         import torch
         import torch.distributed as dist
 
@@ -179,12 +187,24 @@ class StopAgreement:
             self._pending.wait()
             agreed = int(self._flag.item())
             if agreed:
-                self.agreed, self._pending = signal.Signals(agreed), None
-                return True
-        local = self.requests.received
-        self._flag = torch.tensor([int(local) if local is not None else 0], dtype=torch.int32)
+                self._pending = None
+                return self._settle(agreed)
+        self._flag = torch.tensor([self._local()], dtype=torch.int32)
         self._pending = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
         return False
+
+    def _local(self) -> int:
+        """This rank's flag: ``OUTPUT_FAILED``, the signal received, or 0."""
+        if self.failing is not None and self.failing():
+            return OUTPUT_FAILED
+        received = self.requests.received
+        return int(received) if received is not None else 0
+
+    def _settle(self, flag: int) -> bool:
+        """Record the signal the ranks agreed on, if any; true: stop here."""
+        if flag and flag != OUTPUT_FAILED:
+            self.agreed = signal.Signals(flag)
+        return bool(flag)
 
     def close(self) -> None:
         """Let the last all-reduce finish (every rank started it) before the group goes away."""

@@ -80,7 +80,7 @@ def _train_and_publish(config: TrainConfig, ctx: DistContext, lock: OutputLock) 
     try:
         result = _train(config, ctx, lock)
     except EVERY_RANK_ERRORS:
-        shutdown(ctx)  # every rank stopped at the same step: the group closes cleanly
+        shutdown(ctx)  # every rank stopped at the same point: the group closes cleanly
         raise
     shutdown(ctx)
     if result.stopped_by is not None:  # exit code 75: the scheduler requeues, the restart continues
@@ -176,7 +176,7 @@ def _train(config: TrainConfig, ctx: DistContext, lock: OutputLock) -> TrainResu
         for line in format_banner(run, prepared.dataset_len, prepared.start_step):
             logger.info(line)
     tracker = make_tracker(run.spec, ctx)
-    hooks = evaluation_hooks(run, tracker)
+    hooks = evaluation_hooks(run)
     barrier(ctx)
     trainer = Trainer(
         run, iter(prepared.loader), prepared.sampler, prepared.start_step, prepared.position, tracker, hooks

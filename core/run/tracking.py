@@ -6,14 +6,23 @@ so a run logs offline; only a user who exports ``TRACKIO_SPACE_ID``/``TRACKIO_SE
 opts into trackio's remote mode. trackio is an optional extra, imported only when
 ``--trackio.enable=true``; every other rank gets the no-op tracker, so a multi-process
 job is one trackio run.
+
+trackio writes in a thread of its own and carries on when its storage refuses a write
+(a read-only or full ``$TRACKIO_DIR``), warning with a two-line Python warning per
+batch. The tracker turns the first of those into one ``warning:`` line naming the path
+and errno and hides the repeats: the run goes on, ``logs/metrics.jsonl`` holds every
+logged row, and trackio's own records simply stop.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import logging
 import os
+import re
+import warnings
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -25,6 +34,8 @@ logger = logging.getLogger("lerobot_kit")
 
 # Env vars with which trackio sends runs to a Space or self-hosted server instead of disk.
 _REMOTE_ENV = ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL")
+# How trackio's warning quotes the OSError of a write its storage refused.
+_STORAGE_REFUSED = re.compile(r"failed to flush .*\[Errno (\d+)\] ([^:']+): '([^']*)'")
 
 
 class Tracker(Protocol):
@@ -46,6 +57,9 @@ class NullTracker:
 class TrackioTracker:
     def __init__(self, trackio: Any) -> None:
         self._trackio = trackio
+        self._storage_warned = False
+        self._previous_showwarning = warnings.showwarning
+        warnings.showwarning = self._show_warning
 
     @classmethod
     def start(cls, spec: RunSpec) -> TrackioTracker:
@@ -80,8 +94,26 @@ class TrackioTracker:
         self._trackio.log({k: v for k, v in metrics.items() if k != "step"}, step=step)
 
     def finish(self) -> None:
-        with contextlib.redirect_stdout(io.StringIO()):
-            self._trackio.finish()
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                self._trackio.finish()
+        finally:
+            warnings.showwarning = self._previous_showwarning
+
+    def _show_warning(self, message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      file: Any = None, line: str | None = None) -> None:
+        """trackio's warning that its storage refused a write: one line, the first time; others as usual."""
+        refused = _STORAGE_REFUSED.search(str(message)) if "trackio" in filename else None
+        if refused is None:
+            self._previous_showwarning(message, category, filename, lineno, file, line)
+            return
+        if not self._storage_warned:
+            self._storage_warned = True
+            code = int(refused.group(1))
+            logger.warning(
+                f"warning: trackio could not store the metrics: {refused.group(3)}: {refused.group(2)} "
+                f"(errno {errno.errorcode.get(code, code)}); the run goes on, and logs/metrics.jsonl has every row"
+            )
 
 
 def make_tracker(spec: RunSpec, ctx: DistContext) -> Tracker:

@@ -25,13 +25,15 @@ from lerobot_kit.core.model.peft import unwrapped_policy
 from lerobot_kit.core.model.policy import Policy
 from lerobot_kit.core.parallel.precision import autocast_dtype
 from lerobot_kit.core.run.components import RunComponents
-from lerobot_kit.core.run.guards import EVERY_RANK_ERRORS, RunGuards
+from lerobot_kit.core.run.guards import LOOP_ERRORS, RunGuards
 from lerobot_kit.core.run.metrics_log import append_row, drop_rows_after
 from lerobot_kit.core.run.nonfinite import NonFiniteError, NonFiniteGuard, weights_finite
 from lerobot_kit.core.run.progress import Progress
 from lerobot_kit.core.run.tracking import Tracker
 
 logger = logging.getLogger("lerobot_kit")
+
+METRICS_LOG = "the metrics log"
 
 
 @dataclass
@@ -51,7 +53,7 @@ class Trainer:
         start_step: int,
         position: DataPosition,
         tracker: Tracker,
-        step_hooks: Sequence[Callable[[int], None]] = (),
+        step_hooks: Sequence[Callable[[int], dict[str, float] | None]] = (),
     ) -> None:
         self.run = run
         self.tracker = tracker
@@ -66,14 +68,15 @@ class Trainer:
         policy = unwrapped_policy(run.parallel.model)
         assert isinstance(policy, Policy), type(policy)
         self.policy = policy
+        self.guards = RunGuards(run)  # stop on signals, hang watchdog: around the loop, not in it
         self.saver = CheckpointSaver(run.checkpoint_state, SaveSettings(
             config.async_checkpoint, config.keep_last_checkpoints, config.parallelism.timeout_s
-        ))
-        self.guards = RunGuards(run)  # stop on signals, hang watchdog: around the loop, not in it
+        ), refused=self.guards.failures.record)
         # Non-finite loss or gradient norm: inside the step, between clipping and the update.
         self.nonfinite = NonFiniteGuard(config, run.ctx, scaled=run.scaler is not None)
         # Called with the step number after each step, its log line and its checkpoint; each
-        # hook decides whether the step is its own (evaluation: core.run.evaluation).
+        # hook decides whether the step is its own (evaluation: core.run.evaluation) and may
+        # return a metrics row, which the main process logs like its own.
         self.step_hooks = list(step_hooks)
 
     def _is_sync_step(self, step: int) -> bool:
@@ -92,7 +95,9 @@ class Trainer:
         metrics, the global gradient norm (sync steps) and whether the update was applied."""
         run = self.run
         parallel, scaler, optimizer = run.parallel, run.scaler, run.optimizer
-        batch = {k: v.to(run.ctx.device, non_blocking=True) for k, v in batch.items()}
+        # Text (a frame's task) stays on the host; the policy's preprocessor tokenizes it.
+        batch = {k: v.to(run.ctx.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+                 for k, v in batch.items()}
         batch = run.preprocessor(batch)
         with contextlib.nullcontext() if sync else parallel.no_sync():
             with self._autocast():
@@ -123,10 +128,14 @@ class Trainer:
 
     def fit(self) -> TrainResult:
         """The loop. A non-finite step raises ``NonFiniteError`` on every rank at once, after
-        letting a checkpoint still being written finish: nothing is saved from that state."""
+        letting a checkpoint still being written finish: nothing is saved from that state. A
+        checkpoint that could not be written raises on every rank at once too, and a failed
+        write that only the main process sees (the metrics log, the tracker, the publish of a
+        background checkpoint) stops every rank at the next step boundary with
+        ``OutputWriteError`` (``output_failures``)."""
         try:
             return self._fit()
-        except EVERY_RANK_ERRORS:
+        except LOOP_ERRORS:
             self.saver.finish()
             self.guards.finish(agreed_error=True)
             raise
@@ -140,8 +149,10 @@ class Trainer:
         window_steps, metric_steps, update_steps = 0, 0, 0
         window_start, grad_norm, data_wait = time.perf_counter(), None, 0.0
         skipped_before = self.nonfinite.skipped
+        failures = self.guards.failures
         if run.ctx.is_main:
-            drop_rows_after(run.output_dir, self.step)  # a resume replays the steps after its checkpoint
+            with failures.recorded(METRICS_LOG):
+                drop_rows_after(run.output_dir, self.step)  # a resume replays the steps after its checkpoint
         run.parallel.module.train()
         self.guards.start()
         while self.step < config.steps and not self.guards.stop_now():
@@ -180,8 +191,7 @@ class Trainer:
                 if run.ctx.is_main:
                     progress.clear()
                     self._log(means, progress)
-                    append_row(self.run.output_dir, means)
-                    self.tracker.log(means, self.step)
+                    self._write_row(means)
                 window, window_steps, metric_steps, window_start, data_wait = {}, 0, 0, time.perf_counter(), 0.0
                 skipped_before = self.nonfinite.skipped
             progress.update(self.step)
@@ -190,13 +200,18 @@ class Trainer:
                 self._save()
             hooks_start = time.perf_counter()
             for hook in self.step_hooks:
-                hook(self.step)
+                row = hook(self.step)
+                if row is not None:
+                    self._write_row(row)
             window_start += time.perf_counter() - hooks_start  # their time is not training throughput
         stopped = self.guards.stopped_by
         if stopped is not None and config.save_checkpoint and self.step % config.save_freq:
             self._save()  # where every rank agreed to stop
         last = self.saver.finish()
-        self.guards.finish()
+        failed = self.guards.output_error(self.step)
+        self.guards.finish(agreed_error=failed is not None)
+        if failed is not None:
+            raise failed
         result.stopped_by = stopped.name if stopped is not None else None
         result.last_checkpoint = str(last) if last else None
         progress.clear()
@@ -212,6 +227,15 @@ class Trainer:
                 "checkpoint, so checkpoints/last is unchanged; fix: lower --optimizer.lr"
             )
         self.saver.save(self.step, self.position)
+
+    def _write_row(self, row: dict[str, float]) -> None:
+        """Main process: one row to ``logs/metrics.jsonl`` and the tracker. A refused write stops
+        every rank at the next step boundary instead of this process alone (``output_failures``)."""
+        failures = self.guards.failures
+        with failures.recorded(METRICS_LOG):
+            append_row(self.run.output_dir, row)
+        with failures.recorded("the tracker's log"):
+            self.tracker.log(row, self.step)
 
     def _log(self, means: dict[str, float], progress: Progress) -> None:
         parts = [f"step {int(means['step'])}/{self.run.config.steps}", f"loss {means['loss']:.4f}"]

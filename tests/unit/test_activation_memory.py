@@ -24,6 +24,7 @@ from lerobot_kit.core.plan.activation_memory import (
     TrainStep,
     UntraceableStep,
     item_shapes,
+    policy_inputs,
 )
 from lerobot_kit.core.plan.batch_fit import largest_batch
 from lerobot_kit.core.plan.live_bytes import StorageTimeline
@@ -58,7 +59,8 @@ def test_storages_of_inputs_are_never_counted() -> None:
 
 
 def _shapes_of(batch: dict[str, torch.Tensor]) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    return {key: (tuple(value.shape[1:]), value.dtype) for key, value in batch.items()}
+    """The tensors' per-sample shapes; a LeRobot dataset's task text is no tensor, and a plan traces none."""
+    return {key: (tuple(value.shape[1:]), value.dtype) for key, value in batch.items() if isinstance(value, torch.Tensor)}
 
 
 @pytest.mark.parametrize(
@@ -174,3 +176,18 @@ def test_largest_batch_is_traced_and_the_next_is_too(budget: int) -> None:
         assert fit.needs(expected) <= budget < fit.needs(expected + 1)
     assert all(fit.traced[b] == _convex(b) for b in fit.traced)
     assert len(fit.traced) <= 12, sorted(fit.traced)  # guided by the line, not a scan
+
+
+def test_policy_inputs_are_what_a_policy_config_declares() -> None:
+    """A language policy's prompt tokens join the traced batch, shaped as its config says;
+    a config without ``plan_inputs`` adds nothing."""
+
+    class Prompted:
+        def plan_inputs(self) -> dict[str, tuple[list[int], str]]:
+            return {"observation.language.tokens": ([48], "int64"), "observation.language.attention_mask": ([48], "bool")}
+
+    assert policy_inputs(Prompted()) == {
+        "observation.language.tokens": ((48,), torch.int64),
+        "observation.language.attention_mask": ((48,), torch.bool),
+    }
+    assert policy_inputs(parse_train_config([]).policy) == {}

@@ -25,6 +25,7 @@ STABLE = {
     "STAT_NAMES", "vector_stats", "PixelStats", "camera_to_float", "EpisodeWindows", "expand_delta_indices",
     "DEFAULT_MASTER_PORT", "Observation", "Info", "feature_dims",
     "train",  # what `lerobot train` runs, for notebooks and sweeps (docs/parallelism.md)
+    "UnitGroup",
 }
 
 LAZY = {"Policy", "PolicyProcessor", "CheckpointFormat", "write_gathered", "write_shards", "load_any_weights", "read_safetensors",

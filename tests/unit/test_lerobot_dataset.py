@@ -98,7 +98,8 @@ def test_items_hold_the_written_frames(tmp_path: Path) -> None:
     dataset = load(tmp_path)
     for i in range(len(dataset)):
         item = dataset[i]
-        assert set(item) == {STATE_KEY, ACTION_KEY, "action_is_pad", IMAGE_KEY, DONE_KEY, "episode_index", "index"}
+        assert set(item) == {STATE_KEY, ACTION_KEY, "action_is_pad", IMAGE_KEY, DONE_KEY, "episode_index", "index", "task"}
+        assert item["task"] == written.tasks[written.task_index[i]]
         assert item[STATE_KEY].dtype == torch.float32
         assert torch.equal(item[STATE_KEY], torch.from_numpy(written.state[i]))
         image = item[IMAGE_KEY]
@@ -111,6 +112,7 @@ def test_items_hold_the_written_frames(tmp_path: Path) -> None:
         assert item["index"].dtype == torch.int64 and item["index"].item() == i
     batch = next(iter(torch.utils.data.DataLoader(dataset, batch_size=5)))
     assert batch[ACTION_KEY].shape == (5, 8, 2) and batch[IMAGE_KEY].shape == (5, 3, 16, 16)
+    assert batch["task"] == [written.tasks[t] for t in written.task_index[:5]]
 
 
 def test_chunks_never_cross_an_episode_boundary(tmp_path: Path) -> None:
@@ -145,7 +147,11 @@ def test_stats_come_from_stats_json_else_are_computed(tmp_path: Path) -> None:
     assert meta.stats[IMAGE_KEY]["std"].ravel().tolist() == [0.25, 0.5, 0.75]
     assert meta.stats[ACTION_KEY]["max"].dtype == np.float32
     assert np.allclose(meta.stats[ACTION_KEY]["max"], written.action.max(0))
-    assert set(meta.stats) == {STATE_KEY, ACTION_KEY, IMAGE_KEY}  # q01/count extras and timestamp ignored
+    assert set(meta.stats) == {STATE_KEY, ACTION_KEY, IMAGE_KEY}  # count extras and timestamp ignored
+    # The quantiles LeRobot writes are kept, shaped like the other stats (QUANTILES normalisation reads them).
+    assert set(meta.stats[ACTION_KEY]) == {"mean", "std", "min", "max", "q01", "q99"}
+    assert np.allclose(meta.stats[ACTION_KEY]["q99"], np.quantile(written.action, 0.99, axis=0))
+    assert meta.stats[IMAGE_KEY]["q01"].shape == (3, 1, 1)
 
     stats_file.unlink()
     computed = load(tmp_path).meta.stats
@@ -390,12 +396,17 @@ def test_opening_reads_metadata_only_and_the_column_cache_is_built_once(tmp_path
     assert [p.name.split("-")[:3] for p in entries] == [["data", "chunk", "000"]]
     built = {p: p.stat().st_mtime_ns for p in entries[0].iterdir()}
     again = load(tmp_path)  # another process or rank: maps the same files, builds nothing
-    assert all(torch.equal(first[k], again[3][k]) for k in first)
+    assert all(_same(first[k], again[3][k]) for k in first)
     assert {p: p.stat().st_mtime_ns for p in entries[0].iterdir()} == built
     import pickle
 
     copy = pickle.loads(pickle.dumps(again))  # what a spawned worker gets: no maps, no open decoders
-    assert copy._columns == {} and all(torch.equal(first[k], copy[3][k]) for k in first)
+    assert copy._columns == {} and all(_same(first[k], copy[3][k]) for k in first)
+
+
+def _same(a: object, b: object) -> bool:
+    """Item values: tensors equal in dtype and values; the task text equal."""
+    return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
 
 
 def test_the_column_cache_moves_to_the_user_cache_when_the_dataset_folder_cannot_hold_it(

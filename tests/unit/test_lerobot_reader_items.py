@@ -81,6 +81,7 @@ def expected_item(written: WrittenDataset, video: np.ndarray | None, i: int, del
         item[key] = value.float() / 255 if key in (IMAGE_KEY, VIDEO_KEY) else value
     item["episode_index"] = torch.tensor(written.episode_index[i])
     item["index"] = torch.tensor(i)
+    item["task"] = written.tasks[written.task_index[i]]
     return item
 
 
@@ -93,7 +94,14 @@ def assert_items(dataset, written: WrittenDataset, video: np.ndarray | None, del
         theirs["index"] = torch.tensor(i)
         assert ours.keys() == theirs.keys(), i
         for key in ours:
-            assert ours[key].dtype == theirs[key].dtype and torch.equal(ours[key], theirs[key]), (i, key)
+            assert same(ours[key], theirs[key]), (i, key)
+
+
+def same(ours: object, theirs: object) -> bool:
+    """Tensors equal in dtype and values; the task text equal."""
+    if isinstance(theirs, str):
+        return ours == theirs
+    return ours.dtype == theirs.dtype and torch.equal(ours, theirs)  # type: ignore[union-attr]
 
 
 def load(root: Path, delta: dict[str, list[int]], **fields: object):
@@ -143,7 +151,7 @@ def test_items_read_together_equal_items_read_one_by_one(tmp_path: Path, uint8_c
             alone = dataset.item(i, uint8_cameras=uint8_cameras)
             assert item.keys() == alone.keys()
             for key in item:
-                assert item[key].dtype == alone[key].dtype and torch.equal(item[key], alone[key]), (i, key)
+                assert same(item[key], alone[key]), (i, key)
     cameras = dataset.item(5, uint8_cameras=True)
     assert cameras[VIDEO_KEY].dtype == torch.uint8 and cameras[IMAGE_KEY].dtype == torch.uint8
     assert torch.equal(cameras[VIDEO_KEY].float() / 255, dataset[5][VIDEO_KEY])

@@ -191,9 +191,9 @@ class TiedLM(nn.Module):
 
 def test_tied_weights_across_units_are_refused() -> None:
     model = TiedLM()
-    check_tied_weights(model, ["blocks.0", "blocks.1"])  # both ends in the root: fine
+    check_tied_weights(model, WrapUnits(("blocks.0", "blocks.1")))  # both ends in the root: fine
     with pytest.raises(ConfigError) as err:
-        check_tied_weights(model, ["embed", "blocks.0", "blocks.1"])
+        check_tied_weights(model, WrapUnits(("embed", "blocks.0", "blocks.1")))
     assert str(err.value).startswith(
         "tied weights cannot be split across FSDP units: parameter 'embed.weight' of module 'embed' "
         "(in FSDP unit 'embed') is the same tensor as 'head.weight' of module 'head' (in the root, outside "
@@ -202,7 +202,7 @@ def test_tied_weights_across_units_are_refused() -> None:
     model.blocks[1].fc2.weight = model.blocks[0].fc2.weight
     with pytest.raises(ConfigError, match="'blocks.0.fc2.weight' of module 'blocks.0.fc2' \\(in FSDP unit 'blocks.0'\\)"
                        ".*'blocks.1.fc2.weight' of module 'blocks.1.fc2' \\(in FSDP unit 'blocks.1'\\)"):
-        check_tied_weights(model, ["blocks.0", "blocks.1"])
+        check_tied_weights(model, WrapUnits(("blocks.0", "blocks.1")))
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 from pathlib import Path
 
 import torch
@@ -11,20 +13,26 @@ from lerobot.policies.pretrained import PreTrainedPolicy
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from conftest import REPO_ID
+from lerobot_kit_lerobot.bridge_fields import PiSizes
+from lerobot_kit_lerobot.pi_overrides import pi_sizes
 
 
 def load_with_lerobot(pretrained: Path, policy_type: str) -> tuple[PreTrainedPolicy, object, object]:
     """LeRobot's policy class ``from_pretrained`` (strict: every key must be there) and its
-    processors from the same folder."""
-    policy = get_policy_class(policy_type).from_pretrained(pretrained, strict=True)
+    processors from the same folder. A π0/π0.5 trained at other sizes (``--policy.sizes``,
+    recorded in the run's train_config.json) is built by LeRobot's classes at those sizes."""
+    sizes = json.loads((pretrained / "train_config.json").read_text())["policy"].get("sizes")
+    with pi_sizes(policy_type, PiSizes(**sizes)) if sizes else contextlib.nullcontext():
+        policy = get_policy_class(policy_type).from_pretrained(pretrained, strict=True)
     preprocessor, postprocessor = make_pre_post_processors(policy.config, pretrained_path=str(pretrained))
     return policy, preprocessor, postprocessor
 
 
-def observation(dataset_root: Path, index: int) -> dict[str, torch.Tensor]:
-    """One frame's raw observation as LeRobot's dataset class reads it (PyAV decoding)."""
+def observation(dataset_root: Path, index: int) -> dict[str, object]:
+    """One frame's raw observation as LeRobot's dataset class reads it (PyAV decoding), with
+    its task text (what language-conditioned policies are given at inference)."""
     frame = LeRobotDataset(REPO_ID, root=dataset_root, video_backend="pyav")[index]
-    return {key: value for key, value in frame.items() if key.startswith("observation.")}
+    return {key: value for key, value in frame.items() if key.startswith("observation.") or key == "task"}
 
 
 def act_on(policy: PreTrainedPolicy, preprocessor, postprocessor, raw: dict[str, torch.Tensor]) -> torch.Tensor:

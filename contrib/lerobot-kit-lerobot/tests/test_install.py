@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import BIN, env, run
 
 BRIDGE_SOURCE = Path(__file__).resolve().parents[1]
@@ -100,3 +102,33 @@ def test_a_policy_path_of_another_lerobot_type_names_the_right_flag(tmp_path: Pa
     result = run(["train", "--policy.type=lerobot_act", f"--policy.path={pretrained}"], tmp_path, check=False)
     assert "use --policy.type=lerobot_diffusion" in one_error_line(result)
     assert env(tmp_path)["HF_HUB_OFFLINE"] == "1"
+
+
+def test_lerobots_own_checkpointing_switch_is_refused_with_the_flag_to_use(tmp_path: Path) -> None:
+    result = run(["train", "--policy.type=lerobot_pi05", "--policy.gradient_checkpointing=true"], tmp_path, check=False)
+    assert ("--policy.gradient_checkpointing=true is LeRobot's own switch; under lerobot-kit use "
+            "--accelerator.activation_checkpointing=true") in one_error_line(result)
+
+
+def test_pi_sizes_lerobots_joint_attention_cannot_run_are_refused(tmp_path: Path) -> None:
+    sizes = '{"gemma_2b": {"width": 64, "depth": 2, "mlp_dim": 128, "num_heads": 4, "num_kv_heads": 1, "head_dim": 8}}'
+    result = run(["train", "--policy.type=lerobot_pi05", f"--policy.sizes={sizes}"], tmp_path, check=False)
+    assert "gemma_2b.num_heads=4: LeRobot's joint attention assumes 8 heads per tower" in one_error_line(result)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--policy.type=lerobot_pi05", "--policy.tokenizer_name=/nowhere/paligemma"],
+         "--policy.tokenizer_name=/nowhere/paligemma: LeRobot cannot load PaliGemma's tokenizer"),
+        (["--policy.type=lerobot_smolvla", "--policy.vlm_model_name=/nowhere/smolvlm"],
+         "--policy.vlm_model_name=/nowhere/smolvlm: LeRobot cannot load its VLM's config and processor"),
+    ],
+)
+def test_missing_vla_files_are_one_line_naming_the_flag(tmp_path: Path, dataset_root: Path, flags: list[str],
+                                                        message: str) -> None:
+    result = run(["train", "--dataset.repo_id=bridge/reach", f"--dataset.root={dataset_root}", *flags], tmp_path,
+                 check=False)
+    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("WARNING")]
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr  # a usage error
+    assert lines[-1].startswith(f"error: {message}"), result.stderr

@@ -61,3 +61,14 @@ def test_lora_under_fsdp2_on_a_lerobot_checkpoint_gives_an_adapter_peft_loads_on
     preprocessor, postprocessor = make_pre_post_processors(lerobot_base.config, pretrained_path=str(adapter_dir))
     action = act_on(model, preprocessor, postprocessor, observation(dataset_root, 3))
     assert action.shape == (1, ACTION_DIM) and action.isfinite().all()
+
+
+def test_policy_path_alone_on_a_lerobot_checkpoint_picks_the_bridge_type(work: Path, dataset_root: Path) -> None:
+    """LeRobot's habit: ``--policy.path`` and no ``--policy.type``. The checkpoint's
+    config.json is LeRobot's (type "act", its features), so the run is lerobot_act's."""
+    base = write_lerobot_checkpoint(dataset_root, work / "lerobot_base_alone" / "pretrained_model")
+    out = work / "act_lora_path_alone"
+    result = train(work, f"--policy.path={base}", "--peft.method_type=LORA", "--peft.r=4", f"--output_dir={out}",
+                   "--batch_size=4", "--steps=2", "--log_freq=1", root=dataset_root)
+    assert "policy lerobot_act |" in result.stderr and len(losses(out)) == 2
+    assert (out / "checkpoints" / "000002" / "pretrained_model" / "adapter_model.safetensors").is_file()

@@ -3,7 +3,9 @@
 tests and its benchmark. No download: the frames are generated.
 
 The action is a fixed linear map of the state plus the camera's mean brightness, so a
-policy can learn it from both inputs, and a falling loss means it is learning.
+policy can learn it from both inputs, and a falling loss means it is learning. Episodes
+take their task text in turn from ``TASKS`` (LeRobot's ``meta/tasks.parquet``), for the
+language-conditioned policies.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 STATE_DIM = ACTION_DIM = 3
+TASKS = ("reach the target", "reach the target slowly")
 
 
 def make_dataset(root: Path, repo_id: str, *, episodes: int, length: int, image_hw: tuple[int, int], fps: int = 10) -> Path:
@@ -29,7 +32,7 @@ def make_dataset(root: Path, repo_id: str, *, episodes: int, length: int, image_
     dataset = LeRobotDataset.create(repo_id, fps, features, root=root, robot_type="toy", use_videos=True)
     rng = np.random.default_rng(0)
     mix = rng.normal(size=(STATE_DIM, ACTION_DIM)).astype(np.float32)
-    for _ in range(episodes):
+    for episode in range(episodes):
         state = rng.uniform(-1, 1, STATE_DIM).astype(np.float32)
         for _ in range(length):
             brightness = (state[0] + 1) / 2
@@ -37,7 +40,7 @@ def make_dataset(root: Path, repo_id: str, *, episodes: int, length: int, image_
             image[: height // 2, :, 1] = rng.integers(0, 255)
             action = (state @ mix + brightness).astype(np.float32)
             dataset.add_frame({"observation.state": state, "action": action, "observation.images.top": image,
-                               "task": "reach"})
+                               "task": TASKS[episode % len(TASKS)]})
             state = np.clip(state + 0.1 * np.tanh(action), -1, 1).astype(np.float32)
         dataset.save_episode()
     dataset.finalize()

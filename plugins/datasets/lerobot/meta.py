@@ -28,6 +28,8 @@ SUPPORTED_VERSION = "v3.0"
 INFO_FILE = "meta/info.json"
 STATS_FILE = "meta/stats.json"
 TASKS_FILE = "meta/tasks.parquet"
+# Quantile stats LeRobot writes in meta/stats.json (QUANTILES normalisation uses q01/q99, QUANTILE10 q10/q90).
+QUANTILE_NAMES = ("q01", "q10", "q50", "q90", "q99")
 EPISODES_DIR = "meta/episodes"
 # Per-frame bookkeeping columns every LeRobot dataset has; not training features.
 BOOKKEEPING = ("timestamp", "frame_index", "episode_index", "index", "task_index")
@@ -249,7 +251,9 @@ def read_tasks(root: Path) -> dict[int, str]:
 
 
 def read_stats(root: Path, features: dict[str, FeatureSpec]) -> dict[str, dict[str, np.ndarray]]:
-    """mean/std/min/max of every float and image feature that ``meta/stats.json`` covers.
+    """mean/std/min/max of every float and image feature that ``meta/stats.json`` covers,
+    and the quantiles LeRobot writes beside them (``q01`` ... ``q99``) where present: its
+    quantile normalisation (π0.5's default) reads them.
 
     Image stats are per channel, shape (C,1,1), on the [0,1] scale LeRobot writes them
     on; vectors take the feature's shape. Features left out are computed by the caller.
@@ -269,7 +273,7 @@ def read_stats(root: Path, features: dict[str, FeatureSpec]) -> dict[str, dict[s
             continue
         shape = (spec.shape[0], 1, 1) if spec.is_image else spec.shape
         stats[key] = {}
-        for name in STAT_NAMES:
+        for name in (*STAT_NAMES, *(q for q in QUANTILE_NAMES if q in entry)):
             try:
                 with np.errstate(over="ignore"):  # beyond float32's range: inf, refused below
                     value = np.asarray(entry[name], dtype=np.float32)

@@ -55,8 +55,9 @@ if TYPE_CHECKING:
 class LeRobotDataset(PolicyDataset):
     """The selected episodes of a LeRobot v3.0 dataset, frames read per item.
 
-    ``tasks`` maps task index to text; like the frames' task indices, it stays out of
-    items, which carry tensors only.
+    ``tasks`` maps task index to text. Each item carries its frame's ``task`` text, as
+    LeRobot's reader hands it out, when the dataset has a task table and task indices
+    (language-conditioned policies tokenize it); every other value is a tensor.
     """
 
     def __init__(
@@ -144,6 +145,7 @@ class LeRobotDataset(PolicyDataset):
             item[key] = value if offsets is not None else value[0]
         item["episode_index"] = torch.tensor(episode.index, dtype=torch.int64)
         item["index"] = torch.tensor(i, dtype=torch.int64)
+        self._add_tasks([item], columns, np.array([i + to_row]), episode.index)
         return item
 
     def items(self, indices: list[int], *, uint8_cameras: bool = False) -> list[dict[str, torch.Tensor]]:
@@ -189,6 +191,20 @@ class LeRobotDataset(PolicyDataset):
         for i, item in zip(frames.tolist(), items):
             item["episode_index"] = torch.tensor(episode_index, dtype=torch.int64)
             item["index"] = torch.tensor(i, dtype=torch.int64)
+        self._add_tasks(items, columns, frames + to_row, episode_index)
+
+    def _add_tasks(self, items: list[dict[str, Any]], columns: FileColumns, rows: np.ndarray, episode: int) -> None:
+        """Each item's ``task`` text, by its frame's ``task_index``; nothing when the dataset has no tasks."""
+        if columns.task_index is None or not self.tasks:
+            return
+        for item, task_index in zip(items, columns.task_index[rows].tolist()):
+            text = self.tasks.get(int(task_index))
+            if text is None:
+                raise LeRobotDatasetError(
+                    f"{self.root}: a frame of episode {episode} has task_index {task_index}, which meta/tasks.parquet "
+                    f"lacks (it has {sorted(self.tasks)}); the dataset is inconsistent (re-copy or re-download it)"
+                )
+            item["task"] = text
 
     def camera_frames(self, key: str, position: int, rows: np.ndarray) -> list[np.ndarray]:
         """uint8 ``[H, W, C]`` frames of camera ``key`` at cache rows of the ``position``-th

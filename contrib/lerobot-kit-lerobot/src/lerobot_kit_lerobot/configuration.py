@@ -9,7 +9,10 @@ are checked, the values are handed to LeRobot's own dataclass, and what its
 ``--policy.path`` may name a checkpoint LeRobot wrote (or one of ours, which has
 LeRobot's ``config.json``): the fields not given as flags are read from its
 ``config.json``, so the policy is built with that checkpoint's shapes and its weights
-load. The resolved values are what the run records, so a resume needs nothing else.
+load; the bridge's own fields (``bridge_fields``), from the ``train_config.json`` of a
+checkpoint the bridge wrote. The resolved values are what the run records, so a resume
+needs nothing else. ``--policy.path`` alone (no ``--policy.type``) on a LeRobot
+checkpoint picks the bridge's type: ``claims_pretrained`` recognises LeRobot's files.
 
 Torch-free and LeRobot-free at import (the hook module imports it for every command);
 LeRobot is imported when a config is validated.
@@ -25,9 +28,20 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, create_model, model_validator
 
 from lerobot_kit.api import PolicyConfig
+from lerobot_kit_lerobot.bridge_fields import EXTRA_FIELDS
 from lerobot_kit_lerobot.policies import registered_name
 
 SCHEMAS: dict[str, Any] = json.loads(files("lerobot_kit_lerobot").joinpath("schemas.json").read_text())
+
+
+# LeRobot switches that would act inside the units lerobot-kit shards, checkpoints and
+# compiles one at a time (π0/π0.5/SmolVLA), and what does their job per unit instead.
+REPLACED_BY_LEROBOT_KIT = {
+    "gradient_checkpointing": "--accelerator.activation_checkpointing=true (each joint layer and vision layer "
+    "recomputed as its own unit)",
+    "compile_model": "--accelerator.compile=true where the policy allows it (LeRobot's compile of the whole "
+    "forward would trace through the sharded units' gathers)",
+}
 
 
 class LerobotPolicyConfig(PolicyConfig):
@@ -35,15 +49,26 @@ class LerobotPolicyConfig(PolicyConfig):
 
     lerobot_type: ClassVar[str]
     lerobot_fields: ClassVar[tuple[str, ...]]
+    bridge_fields: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def claims_pretrained(cls, saved: dict[str, Any]) -> bool:
+        """Whether a ``config.json`` is one LeRobot wrote (or the bridge, in LeRobot's format)
+        for this class's LeRobot type: lerobot-kit picks this type for ``--policy.path``
+        alone. LeRobot's configs carry the features a policy was built for, which
+        lerobot-kit's own do not."""
+        return saved.get("type") == cls.lerobot_type and "input_features" in saved and "output_features" in saved
 
     @model_validator(mode="before")
     @classmethod
     def _fill_from_path(cls, data: Any) -> Any:
-        """Fields not given take the values of ``--policy.path``'s ``config.json``."""
+        """Fields not given take the values of ``--policy.path``'s ``config.json`` (and the
+        bridge's own fields those of its ``train_config.json``, when the bridge wrote it)."""
         if not isinstance(data, dict) or not data.get("path"):
             return data
         missing = [name for name in cls.lerobot_fields if name not in data]
-        if not missing:
+        missing_bridge = [name for name in cls.bridge_fields if name not in data]
+        if not missing and not missing_bridge:
             return data
         saved = read_lerobot_config(Path(data["path"]))
         if saved.get("type") != cls.lerobot_type:
@@ -51,14 +76,33 @@ class LerobotPolicyConfig(PolicyConfig):
                 f"--policy.path={data['path']} holds a LeRobot {saved.get('type')!r} policy, not {cls.lerobot_type!r}: "
                 f"use --policy.type={registered_name(str(saved.get('type')))}"
             )
-        return {**{name: saved[name] for name in missing if name in saved}, **data}
+        recorded = read_bridge_fields(Path(data["path"])) if missing_bridge else {}
+        return {
+            **{name: saved[name] for name in missing if name in saved},
+            **{name: recorded[name] for name in missing_bridge if name in recorded},
+            **data,
+        }
 
     @model_validator(mode="after")
     def _lerobot_accepts(self) -> LerobotPolicyConfig:
         from lerobot_kit_lerobot.lerobot_config import to_lerobot_config
 
+        for name, instead in REPLACED_BY_LEROBOT_KIT.items():
+            if getattr(self, name, False):
+                raise ValueError(f"--policy.{name}=true is LeRobot's own switch; under lerobot-kit use {instead}")
         to_lerobot_config(self)  # raises ValueError with LeRobot's own message
         return self
+
+    def plan_inputs(self) -> dict[str, tuple[list[int], str]]:
+        """Batch entries a run's preprocessor adds that the dataset has none of, by shape and
+        dtype name, for ``lerobot plan`` to trace the step without the preprocessor's files:
+        the language-conditioned policies' prompt tokens and mask, ``tokenizer_max_length``
+        long (the longest LeRobot's tokenizer step makes them)."""
+        if "tokenizer_max_length" not in self.lerobot_fields:
+            return {}
+        length = int(getattr(self, "tokenizer_max_length"))
+        return {"observation.language.tokens": ([length], "int64"),
+                "observation.language.attention_mask": ([length], "bool")}
 
     def lerobot_values(self) -> dict[str, Any]:
         """The LeRobot fields as JSON values (what LeRobot's config.json holds for them)."""
@@ -69,6 +113,19 @@ class LerobotPolicyConfig(PolicyConfig):
         from lerobot_kit_lerobot.lerobot_config import delta_indices
 
         return delta_indices(self)
+
+
+def read_bridge_fields(path: Path) -> dict[str, Any]:
+    """The policy section of the ``train_config.json`` beside a checkpoint's ``config.json``
+    (a checkpoint the bridge wrote); ``{}`` for one LeRobot wrote."""
+    for candidate in (path / "train_config.json", path / "pretrained_model" / "train_config.json"):
+        if candidate.is_file():
+            try:
+                policy = json.loads(candidate.read_text()).get("policy")
+            except (json.JSONDecodeError, AttributeError) as exc:
+                raise ValueError(f"--policy.path: {candidate} is not a lerobot-kit train config ({exc})") from exc
+            return policy if isinstance(policy, dict) else {}
+    return {}
 
 
 def read_lerobot_config(path: Path) -> dict[str, Any]:
@@ -114,6 +171,8 @@ def make_config_class(lerobot_type: str) -> type[LerobotPolicyConfig]:
         # validate_default: a JSON default (a list for a tuple field) becomes the field's type.
         annotation = annotation_of(field["type"])
         fields[field["name"]] = (annotation, Field(field["default"], description=field["description"], validate_default=True))
+    extras = EXTRA_FIELDS.get(lerobot_type, {})
+    fields.update(extras)
     config_class = create_model(  # type: ignore[call-overload]
         "Lerobot" + "".join(part.capitalize() for part in lerobot_type.split("_")) + "Config",
         __base__=LerobotPolicyConfig,
@@ -122,6 +181,7 @@ def make_config_class(lerobot_type: str) -> type[LerobotPolicyConfig]:
     )
     config_class.lerobot_type = lerobot_type
     config_class.lerobot_fields = tuple(field["name"] for field in schema["fields"])
+    config_class.bridge_fields = tuple(extras)
     return config_class
 
 

@@ -51,6 +51,9 @@ def to_lerobot_config(config: LerobotPolicyConfig, meta: DatasetMeta | None = No
         # As LeRobot's make_policy does: actions are outputs, every other feature an input.
         lerobot_config.output_features = {k: f for k, f in features.items() if k == ACTION_KEY}
         lerobot_config.input_features = {k: f for k, f in features.items() if k != ACTION_KEY}
+        # As make_policy does: the action's joint names, for π0/π0.5's relative actions.
+        if getattr(lerobot_config, "action_feature_names", False) is None and ACTION_KEY in meta.features:
+            lerobot_config.action_feature_names = meta.features[ACTION_KEY].names
         try:
             lerobot_config.validate_features()
         except ValueError as exc:

@@ -18,6 +18,8 @@ processor files next to lerobot-kit's own (``dataset_meta.json``, ``train_config
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -27,11 +29,15 @@ from lerobot.policies.factory import get_policy_class, make_pre_post_processors
 from lerobot.policies.pretrained import PreTrainedPolicy
 from torch import Tensor
 
-from lerobot_kit.api import DatasetMeta, PluginError, Policy, PolicyProcessor
+from lerobot_kit.api import ConfigError, DatasetMeta, PluginError, Policy, PolicyProcessor, UnitGroup
+from lerobot_kit_lerobot import joint
 from lerobot_kit_lerobot.configuration import LerobotPolicyConfig
+from lerobot_kit_lerobot.flow_noise import PerSampleDraws
+from lerobot_kit_lerobot.pi_overrides import modeling_module, pi_sizes, pi_tokenizer
 from lerobot_kit_lerobot.lerobot_config import to_lerobot_config
 from lerobot_kit_lerobot.processors import LerobotProcessor
 from lerobot_kit_lerobot.schema_gen import check_schema
+from lerobot_kit_lerobot.vla_loss import flow_matching_loss
 
 
 class LerobotPolicy(Policy):
@@ -39,6 +45,9 @@ class LerobotPolicy(Policy):
 
     config_class = LerobotPolicyConfig
     lerobot_type: ClassVar[str]
+    # Whether LeRobot's constructor can run on the meta device (shapes only); else a meta
+    # build is a CPU build moved there (see build_lerobot_policy).
+    builds_on_meta: ClassVar[bool] = False
     config: LerobotPolicyConfig
 
     def __init__(self, config: LerobotPolicyConfig, meta: DatasetMeta) -> None:
@@ -47,7 +56,7 @@ class LerobotPolicy(Policy):
         super().__init__(config, meta)
         check_schema(self.lerobot_type)
         self.lerobot_config = to_lerobot_config(config, meta)
-        lerobot_policy = build_lerobot_policy(self.lerobot_config)
+        lerobot_policy = self.build_lerobot()
         own = [name for name, _ in lerobot_policy.named_parameters(recurse=False)]
         own += [name for name, _ in lerobot_policy.named_buffers(recurse=False)]
         if own:
@@ -59,12 +68,27 @@ class LerobotPolicy(Policy):
             self.add_module(name, child)
         object.__setattr__(self, "lerobot", lerobot_policy)  # unregistered: see the module doc
 
+    def build_lerobot(self) -> PreTrainedPolicy:
+        """LeRobot's policy for this config, on the current default device."""
+        with self.construction():
+            return build_lerobot_policy(self.lerobot_config, on_meta=self.builds_on_meta)
+
+    def construction(self) -> contextlib.AbstractContextManager[None]:
+        """What LeRobot's constructor runs inside (the bridge's size flags, for some types)."""
+        return contextlib.nullcontext()
+
     @classmethod
     def make_processors(cls, config: LerobotPolicyConfig, meta: DatasetMeta) -> tuple[PolicyProcessor, PolicyProcessor]:
         """LeRobot's own pipelines for this policy, normalising with the dataset's stats."""
         stats = {key: {name: torch.as_tensor(value) for name, value in stats.items()} for key, stats in meta.stats.items()}
-        pre, post = make_pre_post_processors(to_lerobot_config(config, meta), dataset_stats=stats)
+        with cls.processor_construction(config):
+            pre, post = make_pre_post_processors(to_lerobot_config(config, meta), dataset_stats=stats)
         return LerobotProcessor(pre), LerobotProcessor(post)
+
+    @classmethod
+    def processor_construction(cls, config: LerobotPolicyConfig) -> contextlib.AbstractContextManager[None]:
+        """What LeRobot's processor factory runs inside (the bridge's tokenizer flag, for some types)."""
+        return contextlib.nullcontext()
 
     def save_config(self, directory: Path) -> None:
         """LeRobot's ``config.json``, as LeRobot writes it (its ``from_pretrained`` reads it)."""
@@ -73,7 +97,8 @@ class LerobotPolicy(Policy):
     def init_weights(self) -> None:
         """Build LeRobot's policy afresh from the current RNG and take its weights: what
         construction does, so a meta-device build equals a CPU build from the same seed."""
-        fresh = build_lerobot_policy(self.lerobot_config)
+        with torch.device("cpu"):
+            fresh = self.build_lerobot()
         self.load_state_dict(fresh.state_dict(), strict=True)
 
     def train(self, mode: bool = True) -> LerobotPolicy:
@@ -82,8 +107,11 @@ class LerobotPolicy(Policy):
         return self
 
     def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        """LeRobot's loss and its scalar metrics; its ``loss`` entry is left out, because the
+        run logs the loss it trains on (weighted across ranks where ``loss_weight`` says so)."""
         loss, logs = self.lerobot.forward(batch)
-        return loss, {name: torch.as_tensor(value).detach() for name, value in (logs or {}).items() if _scalar(value)}
+        metrics = {name: value for name, value in (logs or {}).items() if name != "loss" and _scalar(value)}
+        return loss, {name: torch.as_tensor(value).detach() for name, value in metrics.items()}
 
     @torch.no_grad()
     def predict_action_chunk(self, batch: dict[str, Tensor]) -> Tensor:
@@ -97,20 +125,30 @@ class LerobotPolicy(Policy):
         self.lerobot.reset()
 
 
-def build_lerobot_policy(lerobot_config: PreTrainedConfig) -> PreTrainedPolicy:
+def build_lerobot_policy(lerobot_config: PreTrainedConfig, *, on_meta: bool = False) -> PreTrainedPolicy:
     """LeRobot's policy class for the config, constructed as LeRobot's ``make_policy`` does
-    for a fresh policy (but left on the CPU, or on the meta device).
+    for a fresh policy (but left on the current default device: the CPU, or meta).
 
-    A sharded run builds the model on the meta device on all ranks but the main one. A
-    LeRobot policy cannot be built there: its constructors run the backbone on a dummy
-    image to size the next layer, and keep tensors outside their modules (Diffusion's
-    noise-scheduler tables) that nothing would fill later. So a meta build is a CPU build
-    whose parameters and buffers then move to the meta device (the main process
-    broadcasts their values), as every rank of LeRobot's own distributed training builds
-    the whole model.
+    A sharded run builds the model on the meta device on all ranks but the main one.
+    ACT and Diffusion cannot be built there: their constructors run the backbone on a
+    dummy image to size the next layer, and keep tensors outside their modules
+    (Diffusion's noise-scheduler tables) that nothing would fill later. So their meta
+    build is a CPU build whose parameters and buffers then move to the meta device (the
+    main process broadcasts their values), as every rank of LeRobot's own distributed
+    training builds the whole model. The VLA policies (``on_meta``) build on meta itself
+    — π0.5 has 4 B parameters — with LeRobot's ``config.device`` set to where they are
+    built for the construction (their constructors move the model there).
     """
     policy_class = get_policy_class(lerobot_config.type)
-    if torch.get_default_device().type != "meta":
+    device = torch.get_default_device()
+    if on_meta:
+        recorded = lerobot_config.device
+        lerobot_config.device = str(device)
+        try:
+            return policy_class(config=lerobot_config)
+        finally:
+            lerobot_config.device = recorded
+    if device.type != "meta":
         return policy_class(config=lerobot_config)
     with torch.device("cpu"):
         policy = policy_class(config=lerobot_config)
@@ -155,3 +193,167 @@ class LerobotDiffusion(LerobotPolicy):
         ranks are weighted by their valid action entries, as for ACT."""
         masked = self.lerobot_config.do_mask_loss_for_padding and "action_is_pad" in batch
         return valid_actions(batch) if masked else None
+
+
+class LerobotVLA(LerobotPolicy):
+    """A vision-language-action policy of LeRobot (π0, π0.5, SmolVLA): a VLM and an action
+    expert whose layers attend jointly, trained by flow matching.
+
+    Sharding: the joint layers are unit groups run by their method (``joint_layer``), the
+    vision tower's layers units by class, the token embedding and the (never called)
+    language-model heads units by path; what remains in the root is small (projections,
+    norms, the vision embeddings). Flow-matching noise and time are drawn per sample
+    (``flow_noise``), so training does not depend on how the batch is split.
+    """
+
+    builds_on_meta = True
+
+    def __init__(self, config: LerobotPolicyConfig, meta: DatasetMeta) -> None:
+        super().__init__(config, meta)
+        self.install_joint()
+        self.draws = PerSampleDraws(self.lerobot.model, seed=torch.initial_seed())
+
+    def install_joint(self) -> None:
+        raise NotImplementedError
+
+    # The flag naming the hub files LeRobot loads for this policy (a local folder works offline).
+    files_flag: ClassVar[str]
+    files_needed: ClassVar[str]
+
+    def build_lerobot(self) -> PreTrainedPolicy:
+        with files_from(self.config, self.files_flag, self.files_needed):
+            return super().build_lerobot()
+
+    @classmethod
+    def make_processors(cls, config: LerobotPolicyConfig, meta: DatasetMeta) -> tuple[PolicyProcessor, PolicyProcessor]:
+        with files_from(config, cls.files_flag, cls.files_needed):
+            return super().make_processors(config, meta)
+
+    def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        """LeRobot's loss, without the metrics its forward reads back to the host (``vla_loss``)."""
+        with self.draws.for_batch(batch) if self.training else contextlib.nullcontext():
+            return flow_matching_loss(self.lerobot, batch), {}
+
+
+@contextlib.contextmanager
+def files_from(config: LerobotPolicyConfig, flag: str, needed: str) -> Iterator[None]:
+    """A hub id or folder that holds none of the files LeRobot loads is one error line naming the flag."""
+    try:
+        yield
+    except OSError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"--policy.{flag}={getattr(config, flag)}: LeRobot cannot load {needed} from it ({reason}); give a "
+            "local folder holding them (the hub is used only when it is reachable and the name is a hub id)"
+        ) from exc
+
+
+class LerobotPi(LerobotVLA):
+    """π0 and π0.5: PaliGemma (SigLIP + Gemma) and a Gemma action expert."""
+
+    files_flag = "tokenizer_name"
+    files_needed = "PaliGemma's tokenizer (tokenizer.json, tokenizer_config.json)"
+
+    _fsdp_wrap_modules = ["SiglipEncoderLayer"]
+    # LeRobot's own default (PI0Policy/PI05Policy._get_default_peft_targets): the expert's
+    # query and value projections and the action/state projections.
+    default_peft_targets = (
+        r"(.*\.gemma_expert\..*\.self_attn\.(q|v)_proj|model\.(state_proj|action_in_proj|action_out_proj|"
+        r"action_time_mlp_in|action_time_mlp_out))"
+    )
+
+    def construction(self) -> contextlib.AbstractContextManager[None]:
+        return pi_sizes(self.lerobot_type, self.config.sizes)  # type: ignore[attr-defined]
+
+    @classmethod
+    def processor_construction(cls, config: LerobotPolicyConfig) -> contextlib.AbstractContextManager[None]:
+        return pi_tokenizer(cls.lerobot_type, config.tokenizer_name)  # type: ignore[attr-defined]
+
+    @classmethod
+    def make_processors(cls, config: LerobotPolicyConfig, meta: DatasetMeta) -> tuple[PolicyProcessor, PolicyProcessor]:
+        check_quantile_stats(config, meta)
+        return super().make_processors(config, meta)
+
+    def install_joint(self) -> None:
+        with_expert = self.model.paligemma_with_expert
+        joint.install_pi(with_expert, modeling_module(self.lerobot_type))
+        freeze_unreached(with_expert)
+
+    def fsdp_unit_groups(self) -> list[UnitGroup]:
+        depth = len(self.model.paligemma_with_expert.paligemma.model.language_model.layers)
+        return joint.pi_unit_groups("model.paligemma_with_expert", depth)
+
+
+def freeze_unreached(with_expert: torch.nn.Module) -> None:
+    """Freeze the parameters of a ``PaliGemmaWithExpertModel`` that π0/π0.5's loss never
+    reaches: both language-model heads (never called), and what only produces the VLM's own
+    output after the last joint attention (the last VLM layer's output projection, norm and
+    MLP, and the final norm), which the loss, computed on the expert's output, never reads.
+    They would get no gradient either way (so training is unchanged); trainable, they would
+    get no optimizer state, which a resume then looks for. LeRobot's SmolVLA freezes its
+    heads and last VLM layer for the same reason."""
+    language = with_expert.paligemma.model.language_model
+    last = language.layers[-1]
+    unreached = (with_expert.paligemma.lm_head, with_expert.gemma_expert.lm_head, last.self_attn.o_proj,
+                 last.post_attention_layernorm, last.mlp, language.norm)
+    for module in unreached:
+        module.requires_grad_(False)
+
+
+class LerobotPI0(LerobotPi):
+    lerobot_type = "pi0"
+
+
+class LerobotPI05(LerobotPi):
+    lerobot_type = "pi05"
+
+
+class LerobotSmolVLA(LerobotVLA):
+    """SmolVLA: SmolVLM (its vision encoder and first layers) and a smaller expert."""
+
+    lerobot_type = "smolvla"
+    files_flag = "vlm_model_name"
+    files_needed = "its VLM's config and processor (config.json, processor and tokenizer files)"
+    _fsdp_wrap_modules = ["SmolVLMEncoderLayer"]
+    # LeRobot's own default (SmolVLAPolicy._get_default_peft_targets).
+    default_peft_targets = (
+        r"(model\.vlm_with_expert\.lm_expert\..*\.(q|v)_proj|model\.(state_proj|action_in_proj|action_out_proj|"
+        r"action_time_mlp_in|action_time_mlp_out))"
+    )
+
+    def install_joint(self) -> None:
+        flow = self.model
+        joint.install_smolvla(flow.vlm_with_expert)
+        # Plain tensor attributes of LeRobot's model (token ids), made where the model was
+        # built: on meta they would hold no values, and they are neither parameters nor buffers.
+        if flow.global_image_start_token.is_meta:
+            flow.global_image_start_token = torch.tensor(
+                [flow.fake_image_token, flow.global_image_token], dtype=torch.long, device="cpu"
+            )
+            flow.image_end_token = torch.tensor([flow.fake_image_token], dtype=torch.long, device="cpu")
+
+    def fsdp_unit_groups(self) -> list[UnitGroup]:
+        return joint.smolvla_unit_groups("model.vlm_with_expert", self.model.vlm_with_expert)
+
+    def loss_weight(self, batch: dict[str, Tensor]) -> Tensor | None:
+        """SmolVLA averages its loss over the valid (not padded) action entries of the batch
+        it sees, so ranks are weighted by theirs, as for ACT."""
+        return valid_actions(batch) if "action_is_pad" in batch else None
+
+
+def check_quantile_stats(config: LerobotPolicyConfig, meta: DatasetMeta) -> None:
+    """LeRobot's QUANTILES normalisation (π0.5's default for state and action) reads the
+    dataset's q01/q99 stats; refuse, before building anything, a dataset without them."""
+    modes = {"QUANTILES": ("q01", "q99"), "QUANTILE10": ("q10", "q90")}
+    mapping = config.normalization_mapping  # type: ignore[attr-defined]
+    for kind, key in (("STATE", "observation.state"), ("ACTION", "action")):
+        needed = modes.get(str(mapping.get(kind)), ())
+        if key in meta.features:
+            missing = [name for name in needed if name not in meta.stats.get(key, {})]
+            if missing:
+                raise ConfigError(
+                    f"policy.type={config.type} normalises {key!r} by {mapping[kind]}, which needs the dataset's "
+                    f"{'/'.join(needed)} stats, but its meta/stats.json has no {'/'.join(missing)} for it: set "
+                    "--policy.normalization_mapping='{\"VISUAL\": \"IDENTITY\", \"STATE\": \"MEAN_STD\", "
+                    "\"ACTION\": \"MEAN_STD\"}' (or recompute the dataset's stats with LeRobot)"
+                )

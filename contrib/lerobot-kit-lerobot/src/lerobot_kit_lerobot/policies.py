@@ -12,6 +12,9 @@ PREFIX = "lerobot_"
 BRIDGED: dict[str, str] = {
     "act": "LerobotACT",
     "diffusion": "LerobotDiffusion",
+    "pi0": "LerobotPI0",
+    "pi05": "LerobotPI05",
+    "smolvla": "LerobotSmolVLA",
 }
 
 

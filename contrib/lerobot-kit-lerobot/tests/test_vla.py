@@ -1,0 +1,150 @@
+"""LeRobot's π0.5 and SmolVLA (reduced sizes, LeRobot's own classes) trained by ``lerobot train``
+on a LeRobot v3 video dataset with task texts, tokenized by LeRobot's processors: sharded
+by FSDP(2) for real (each joint layer pair one unit), equal to one process on the same
+global batch, used by LeRobot alone, resumed on one process; π0.5 under HSDP(2x2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch.distributed.checkpoint import FileSystemReader
+
+from conftest import ACTION_DIM, copy_crashed, losses, tiny_pi, tiny_smolvla, train
+from lerobot_side import act_on, assert_same_weights, load_with_lerobot, observation, sharded_weights
+
+STEPS = 16
+RUN = ["--log_freq=1", "--optimizer.lr=3e-3", "--checkpoint_format=safetensors_dcp", f"--steps={STEPS}"]
+FLAGS = {"pi05": tiny_pi, "smolvla": tiny_smolvla}
+# Unit groups (joint layers) and units by class/path, as the banner counts them: π0.5 has 6
+# pairs, 2 SigLIP layers + token embedding + two heads; SmolVLA 4 VLM layers (each with its
+# expert layer), 2 vision layers + token embedding + head.
+UNITS = {
+    "pi05": "wrap units: 5 from policy (GemmaTextScaledWordEmbedding, Linear, SiglipEncoderLayer) + "
+            "6 unit groups of the policy (run by joint_layer)",
+    "smolvla": "wrap units: 4 from policy (Embedding, Linear, SmolVLMEncoderLayer) + "
+               "4 unit groups of the policy (run by joint_layer)",
+}
+
+
+@pytest.fixture(scope="module", params=["pi05", "smolvla"])
+def runs(request: pytest.FixtureRequest, work: Path, dataset_root: Path, vla_assets: Path) -> dict[str, object]:
+    """One process on batch 8, and FSDP(2) on 4 + 4, each for 16 steps from the same seed."""
+    kind = request.param
+    flags = FLAGS[kind](vla_assets)
+    single, fsdp = work / f"{kind}_single", work / f"{kind}_fsdp2"
+    train(work, *flags, *RUN, f"--output_dir={single}", "--batch_size=8", "--save_checkpoint=false",
+          root=dataset_root)
+    result = train(work, *flags, *RUN, f"--output_dir={fsdp}", "--parallelism.dp_shard=2", "--batch_size=4",
+                   "--save_freq=8", nproc=2, root=dataset_root)
+    return {"kind": kind, "single": single, "fsdp": fsdp, "banner": result.stderr}
+
+
+def test_fsdp2_shards_each_joint_layer_pair_and_equals_one_process(runs: dict) -> None:
+    banner, kind = runs["banner"], runs["kind"]
+    assert "layout fsdp" in banner and UNITS[kind] in banner
+    total, trainable, local = _parameters(banner)
+    assert local <= total / 2 * 1.01, banner  # every parameter sharded, frozen ones too
+    if kind == "smolvla":  # LeRobot's defaults: the VLM frozen (train_expert_only, freeze_vision_encoder)
+        assert trainable < total / 2
+    one, two = losses(runs["single"]), losses(runs["fsdp"])
+    assert len(one) == len(two) == STEPS
+    # The same global batch, the same per-sample noise: the same losses, to float rounding.
+    assert two[:5] == pytest.approx(one[:5], rel=1e-4)
+    # Flow matching's loss is noisy step to step (fresh noise and time per sample): it falls
+    # from the untrained first step's and stays below.
+    assert sum(two[-8:]) / 8 < 0.8 * two[0], two
+
+
+def test_lerobot_loads_the_fsdp2_checkpoint_and_acts(runs: dict, work: Path, dataset_root: Path) -> None:
+    kind = runs["kind"]
+    pretrained = runs["fsdp"] / "checkpoints" / f"{STEPS:06d}" / "pretrained_model"
+    policy, preprocessor, postprocessor = load_with_lerobot(pretrained, kind)
+    assert type(policy).__name__ == {"pi05": "PI05Policy", "smolvla": "SmolVLAPolicy"}[kind]
+    assert_same_weights(policy, sharded_weights(pretrained, work))
+    action = act_on(policy, preprocessor, postprocessor, observation(dataset_root, 5))
+    assert action.shape == (1, ACTION_DIM) and action.isfinite().all()
+
+
+def test_fsdp2_run_resumes_on_one_process(runs: dict, work: Path, dataset_root: Path) -> None:
+    """Stopped after step 8 under FSDP(2), continued by one process on the same global batch.
+    (The per-sample noise counts forwards from the resume, so the losses are the run's kind,
+    not its exact numbers.)"""
+    kind = runs["kind"]
+    resumed = copy_crashed(runs["fsdp"], 8, work / f"{kind}_resumed")
+    config = resumed / "checkpoints" / "last" / "pretrained_model" / "train_config.json"
+    result = train(work, "--resume=true", f"--config_path={config}", "--parallelism.dp_shard=null",
+                   "--batch_size=8", root=dataset_root)
+    assert "layout single" in result.stderr and f"steps 8→{STEPS}" in result.stderr
+    got, untrained = losses(resumed), losses(runs["fsdp"])[0]
+    assert len(got) == STEPS and all(torch.isfinite(torch.tensor(got)))
+    assert sum(got[8:]) / 8 < 0.8 * untrained, got  # it went on from the trained weights
+    policy, _, _ = load_with_lerobot(resumed / "checkpoints" / f"{STEPS:06d}" / "pretrained_model", kind)
+    assert policy.config.chunk_size == 4
+
+
+def test_hsdp_2x2_with_activation_checkpointing_equals_one_process(
+    runs: dict, work: Path, dataset_root: Path, vla_assets: Path
+) -> None:
+    """Each joint layer pair recomputed in backward through its method, each vision layer
+    through its forward, on two replicas of two shards: the one-process run's losses."""
+    kind = runs["kind"]
+    out = work / f"{kind}_hsdp_ac"
+    result = train(work, *FLAGS[kind](vla_assets), *RUN[:3], "--steps=2", f"--output_dir={out}",
+                   "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", "--batch_size=2",
+                   "--accelerator.activation_checkpointing=true", nproc=4, root=dataset_root)
+    assert "layout hsdp | world 4" in result.stderr and "effective batch 8" in result.stderr
+    assert "(run by joint_layer), checkpointed" in result.stderr
+    total, _, local = _parameters(result.stderr)
+    assert local <= total / 2 * 1.01
+    assert losses(out) == pytest.approx(losses(runs["single"])[:2], rel=1e-4)
+
+
+def test_gradient_accumulation_under_fsdp2_equals_one_process(work: Path, dataset_root: Path, vla_assets: Path,
+                                                              runs: dict) -> None:
+    """Two micro-batches per step, of 2 per rank under FSDP(2) and of 4 in one process: the
+    same micro-batches (the sampler's order follows the global micro-batch), the same losses;
+    no gradient is reduced until the second (FSDP's no-sync micro-step)."""
+    kind = runs["kind"]
+    accumulate = [*FLAGS[kind](vla_assets), *RUN[:3], "--steps=2", "--accelerator.gradient_accumulation.steps=2"]
+    one, two = work / f"{kind}_single_accum", work / f"{kind}_fsdp2_accum"
+    train(work, *accumulate, f"--output_dir={one}", "--batch_size=4", "--save_checkpoint=false", root=dataset_root)
+    result = train(work, *accumulate, f"--output_dir={two}", "--parallelism.dp_shard=2", "--batch_size=2",
+                   "--save_checkpoint=false", nproc=2, root=dataset_root)
+    assert "effective batch 8 = batch_size 2 × dp_world_size 2 × gradient_accumulation 2" in result.stderr
+    assert losses(two) == pytest.approx(losses(one), rel=1e-4)
+
+
+def test_train_expert_only_with_a_bf16_frozen_base_under_fsdp2(work: Path, dataset_root: Path, vla_assets: Path) -> None:
+    """LeRobot's bf16 mode (``--policy.dtype=bfloat16``) with ``train_expert_only``: PaliGemma
+    frozen and stored in bf16, sharded like everything else; the expert trainable, kept in
+    fp32 under bf16 autocast; AdamW state for the expert only."""
+    out = work / "pi05_bf16_expert_only"
+    result = train(work, *tiny_pi(vla_assets), *RUN[:3], "--steps=3", f"--output_dir={out}",
+                   "--parallelism.dp_shard=2", "--batch_size=4", "--policy.dtype=bfloat16",
+                   "--policy.train_expert_only=true", "--accelerator.mixed_precision=bf16", nproc=2, root=dataset_root)
+    total, trainable, local = _parameters(result.stderr)
+    assert trainable < 0.3 * total and local <= total / 2 * 1.01, result.stderr
+    assert len(losses(out)) == 3 and all(torch.isfinite(torch.tensor(losses(out))))
+    step = out / "checkpoints" / "000003"
+    weights = load_file(step / "pretrained_model" / "model.safetensors")
+    layer = "model.paligemma_with_expert.{}.layers.2.mlp.up_proj.weight"
+    assert weights[layer.format("paligemma.model.language_model")].dtype == torch.bfloat16  # frozen, stored bf16
+    assert weights[layer.format("gemma_expert.model")].dtype == torch.float32  # trained in fp32
+    optimizer = FileSystemReader(str(step / "training_state" / "optimizer_0")).read_metadata().state_dict_metadata
+    assert any("gemma_expert.model.layers" in key for key in optimizer)
+    assert not any("paligemma.model" in key for key in optimizer)  # frozen: no AdamW state
+
+
+def _parameters(banner: str) -> tuple[float, float, float]:
+    """(total, trainable, on this rank) from the banner's ``parameters`` line, in units."""
+    line = next(line for line in banner.splitlines() if "parameters " in line and "on this rank" in line)
+    words = line.split("parameters ", 1)[1].split()
+    return _count(words[0]), _count(words[2]), _count(words[4])
+
+
+def _count(text: str) -> float:
+    scale = {"K": 1e3, "M": 1e6, "B": 1e9}
+    return float(text[:-1]) * scale[text[-1]] if text[-1] in scale else float(text)
