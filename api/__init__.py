@@ -11,6 +11,9 @@ Stable:
 
 * hooks: ``hookimpl``, the marker of a plugin's ``lerobot_register_*`` functions;
 * configs: ``TrainConfig``, ``PolicyConfig``, ``DatasetConfig``, ``parse_train_config``;
+* training: ``train(config)``, what ``lerobot train`` runs — in a process group the caller
+  initialised it joins that group and leaves it initialised, so a notebook or a sweep can
+  run many configs in the same processes;
 * running pieces: ``build_dataset``, ``build_policy``, ``load_pretrained``, and for PEFT
   checkpoints ``load_peft_model`` (the adapter unmerged) and ``merge_adapter``;
 * policy contract: ``Policy`` (see its docstring and the example plugin's README),
@@ -42,7 +45,7 @@ Stable:
 
 Importing this module does not import torch, so a plugin's hook module and config
 classes stay light (``lerobot train --help`` and ``lerobot plugins`` import every plugin). The names that need torch
-(``Policy``, ``feature_dims``, ``PolicyProcessor``, ``CheckpointFormat``, the weight I/O, ``is_peft_model``) are imported on
+(``Policy``, ``feature_dims``, ``PolicyProcessor``, ``CheckpointFormat``, the weight I/O, ``is_peft_model``, ``train``) are imported on
 first access; ``from lerobot_kit.api import *`` takes them all, and so imports torch.
 """
 
@@ -102,6 +105,7 @@ if TYPE_CHECKING:
     from lerobot_kit.core.model.peft import is_peft_model, model_weights
     from lerobot_kit.core.model.policy import Policy, feature_dims
     from lerobot_kit.core.model.processor import PolicyProcessor
+    from lerobot_kit.core.run.prepare import train
 
 # Torch-backed names: (module, attribute), imported on first access by ``__getattr__``.
 _LAZY: dict[str, tuple[str, str]] = {
@@ -119,6 +123,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "read_safetensors": ("lerobot_kit.core.checkpoint.training_state", "read_safetensors"),
     "is_peft_model": ("lerobot_kit.core.model.peft", "is_peft_model"),
     "model_weights": ("lerobot_kit.core.model.peft", "model_weights"),
+    "train": ("lerobot_kit.core.run.prepare", "train"),
 }
 
 __all__ = [
@@ -174,6 +179,7 @@ __all__ = [
     "pad_key",
     "parse_train_config",
     "read_safetensors",
+    "train",
     "vector_stats",
     "write_gathered",
     "write_shards",

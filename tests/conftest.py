@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -12,13 +13,21 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+pytest_plugins = ("cpu_times",)
+
 if TYPE_CHECKING:
     from torch import nn
+
+    from rank_pool import PoolRun, RankPools
 
 # One torch thread in each test worker and in every process it starts, as in the launched
 # runs: two workers on two cores, each with a spinning OpenMP thread per core, spend a
 # fifth of the unit tests' CPU time waiting on each other. Set before anything imports torch.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# torch.compile's kernels built in the compiling process: with more threads, inductor starts
+# a pool of worker processes, each importing torch, which costs more CPU than the tiny
+# kernels of these tests do.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
@@ -55,6 +64,19 @@ def tmpfs(mount: Path, options: str) -> Iterator[Path]:
 @pytest.fixture
 def cli():
     return run_cli
+
+
+INTEGRATION = REPO / "tests" / "integration"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The lanes: ``slow`` for every integration test not marked ``fast`` (they start real
+    processes, most of them training runs) and for every test that trains in the rank pools,
+    so that a new test lands in the right lane without anyone deciding."""
+    for item in items:
+        integration = INTEGRATION in item.path.parents
+        if "rank_pools" in item.fixturenames or (integration and item.get_closest_marker("fast") is None):
+            item.add_marker(pytest.mark.slow)
 
 
 def assert_meta_build_equals_cpu_build(build: Callable[[], nn.Module], seed: int = 7) -> nn.Module:
@@ -101,6 +123,49 @@ def torchrun_train(nproc: int, *args: str, workdir: Path, env: dict[str, str] | 
     if check:
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     return result
+
+
+@pytest.fixture(scope="session")
+def rank_pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RankPools]:
+    """Rank processes of each world size, started once per test worker (see ``rank_pool.py``)."""
+    from rank_pool import RankPools
+
+    pools = RankPools(tmp_path_factory.mktemp("rank_pools"))
+    yield pools
+    exits = pools.close()
+    assert all(codes == [0] * size for size, codes in exits.items()), f"pool ranks' exit codes: {exits}"
+
+
+def pool_train(pools: RankPools, nproc: int, *args: str, workdir: Path, timeout: float = 240,
+               check: bool = True) -> PoolRun:
+    """``lerobot train ARGS`` on ``nproc`` ranks of a pool: the numbers of ``torchrun_train``'s
+    run without its start-up. For tests that compare runs; launcher tests use ``torchrun_train``."""
+    return pools.get(nproc).train(*args, workdir=workdir, timeout=timeout, check=check)
+
+
+def pool_script(pools: RankPools, nproc: int, script_path: Path, *args: str, workdir: Path, timeout: float = 240,
+                check: bool = True) -> PoolRun:
+    """``python SCRIPT ARGS`` on ``nproc`` ranks of a pool (a script that drives a run itself)."""
+    return pools.get(nproc).run(["python", str(script_path), *args], workdir=workdir, timeout=timeout, check=check)
+
+
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """``build(folder)`` once per test session, by whichever test worker needs it first; the
+    others wait for it and get the same folder. For fixtures that train: pytest-xdist hands a
+    module's tests to several workers, and a module fixture would train once in each."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "built_once"
+    root.mkdir(exist_ok=True)
+    folder, done = root / name, root / f"{name}.done"
+    with FileLock(root / f"{name}.lock"):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
 
 
 def read_metrics(output_dir: Path) -> list[dict[str, float]]:

@@ -7,6 +7,11 @@ collective timeout, so a dead or stuck peer ends the run with an error after
 ``timeout_s`` instead of hanging it forever. A single plain process creates no process
 group at all; every helper below is then a local no-op.
 
+A caller may initialise the default group itself and run ``train()`` in it, once or many
+times (a notebook, a sweep running configs one after another in the same processes):
+``init_distributed`` then joins that group instead of creating one, and ``shutdown``
+leaves it initialised.
+
 Call ``core.accelerate_guard.check_accelerate_env(os.environ)`` before
 ``init_distributed``: the guard is about the user's configuration, this module only
 about the processes.
@@ -15,7 +20,7 @@ about the processes.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -40,6 +45,7 @@ class DistContext:
     backend: str | None
     restart_count: int = 0  # the launcher's restarts of this run so far (see ``LaunchEnv``)
     max_restarts: int = 0  # restarts the launcher will still attempt after this attempt fails
+    owns_group: bool = True  # False: the caller initialised the default group and keeps it
 
     @property
     def is_main(self) -> bool:
@@ -70,9 +76,15 @@ def _export(launch: LaunchEnv) -> None:
 
 
 def init_distributed(timeout_s: int) -> DistContext:
-    """Join the run the launcher started; ``timeout_s`` bounds rendezvous and every collective."""
+    """Join the run the launcher started; ``timeout_s`` bounds rendezvous and every collective.
+
+    If the default group is already initialised, the run joins it: its ranks, size,
+    backend and timeout are the caller's, and ``timeout_s`` is not used.
+    """
     launcher = detect_launcher(os.environ)
     launch = launcher.read(os.environ)
+    if dist.is_initialized():
+        return _callers_group(launcher.name, launch)
     use_cuda = torch.cuda.is_available() and not launch.cpu
     if use_cuda:
         device = torch.device("cuda", launch.local_rank)
@@ -94,6 +106,37 @@ def init_distributed(timeout_s: int) -> DistContext:
         timeout=timeout,
     )
     return DistContext(launch.rank, launch.local_rank, launch.world_size, device, launcher.name, backend, **restarts)
+
+
+def _callers_group(launcher: str, launch: LaunchEnv) -> DistContext:
+    """The context of a default group the caller initialised. The launcher's environment
+    adds what the group does not say: the local rank (when it describes this group) and
+    the restart counts."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    backend = "nccl" if "nccl" in str(dist.get_backend()) else "gloo"
+    local_rank = launch.local_rank if launch.world_size == world_size else rank
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    return DistContext(rank, local_rank, world_size, device, launcher, backend, launch.restart_count,
+                       launch.max_restarts, owns_group=False)
+
+
+_PER_DEFAULT_GROUP: dict[tuple[Any, Hashable], Any] = {}
+
+
+def per_default_group(key: Hashable, build: Callable[[], T]) -> T:
+    """``build()`` once per default process group: every later run in that group gets the
+    same object. Collective: every rank calls it at the same point with the same key.
+
+    A process group (a device mesh makes one per axis) holds threads and connections for
+    as long as it lives. A run in a group it created destroys the whole lot at the end; a
+    run in a group the caller keeps must neither make new ones each time (they would pile
+    up over a sweep) nor destroy its own (torch caches device meshes by value, so a later
+    run's equal mesh can resolve to an earlier run's groups): it reuses them.
+    """
+    slot = (dist.group.WORLD, key)
+    if slot not in _PER_DEFAULT_GROUP:
+        _PER_DEFAULT_GROUP[slot] = build()
+    return _PER_DEFAULT_GROUP[slot]
 
 
 def _attempt_store(launch: LaunchEnv, timeout: timedelta) -> dist.Store:
@@ -135,10 +178,12 @@ def shutdown(ctx: DistContext) -> None:
     (torch 2.13), a rank that tears down its process group while a peer has already exited
     and closed its sockets dies with SIGABRT ("terminate called without an active
     exception") in 1-2 of 10 runs; with the barrier, none in 30. On an error path, do not
-    call this (the barrier would wait for the dead rank): just exit non-zero."""
+    call this (the barrier would wait for the dead rank): just exit non-zero. A group the
+    caller initialised stays initialised."""
     if ctx.distributed and dist.is_initialized():
         barrier(ctx)
-        dist.destroy_process_group()
+        if ctx.owns_group:
+            dist.destroy_process_group()
 
 
 def _all_reduce(ctx: DistContext, values: dict[str, float], mean: bool) -> dict[str, float]:

@@ -155,4 +155,7 @@ class ParallelDims:
             return None
         from torch.distributed.device_mesh import init_device_mesh
 
-        return init_device_mesh(device_type, tuple(axes.values()), mesh_dim_names=tuple(axes))
+        from lerobot_kit.core.distributed.process_group import per_default_group
+
+        return per_default_group(("mesh", device_type, tuple(axes.items())), lambda: init_device_mesh(
+            device_type, tuple(axes.values()), mesh_dim_names=tuple(axes)))

@@ -170,9 +170,11 @@ class StopAgreement:
         if distributed:
             import torch.distributed as dist
 
+            from lerobot_kit.core.distributed.process_group import per_default_group
+
             # Collective: every rank creates it at the same point of start-up. gloo on the CPU,
             # so reading the flag never waits for an accelerator.
-            self._group = dist.new_group(backend="gloo")
+            self._group = per_default_group("stop agreement", lambda: dist.new_group(backend="gloo"))
 
     def stop_now(self) -> bool:
         """Call once per step on every rank, before the step; true: stop here."""

@@ -59,6 +59,8 @@ def setup_logging(is_main: bool) -> None:
 
 @guarded_run
 def train(config: TrainConfig) -> TrainResult:
+    """The whole run, on every rank. In a process group the caller initialised, the run
+    joins it and leaves it initialised, so one set of processes can run many configs."""
     check_accelerate_env(os.environ)
     ctx = init_distributed(config.parallelism.timeout_s)
     setup_logging(ctx.is_main)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from checkpoint_state import crashed_copy, full_weights, losses
-from conftest import PARITY_ACT, TINY_ACT, launch_env, run_cli, torchrun_train
+from conftest import PARITY_ACT, TINY_ACT, built_once, launch_env, pool_train, run_cli, torchrun_train
 
 STEPS = 4
 AC = "--accelerator.activation_checkpointing=true"
@@ -21,29 +21,43 @@ FSDP2 = "--parallelism.dp_shard=2"
 COMPILE_TIMEOUT = 1800  # a loaded 2-core runner compiles for minutes (13 at a load of 15)
 
 
-def _train(root: Path, name: str, nproc: int, *flags: str, cache: str | None = None) -> Path:
-    """A run in ``root/name``; a compiling one keeps its kernels in ``root/<cache>_inductor``
-    (default: its own), so it compiles unless an earlier run of the same graphs did."""
+def _args(out: Path, *flags: str) -> list[str]:
+    return [f"--output_dir={out}", f"--steps={STEPS}", "--log_freq=1", "--save_freq=2", *flags]
+
+
+def _compile(root: Path, name: str, nproc: int, *flags: str, cache: str) -> Path:
+    """A compiling run in ``root/name`` in processes of its own (a first compile in each),
+    keeping its kernels in ``root/<cache>_inductor``: it compiles unless an earlier run of
+    the same graphs did."""
     out = root / name
-    args = [f"--output_dir={out}", f"--steps={STEPS}", "--log_freq=1", "--save_freq=2", *flags]
-    compiling = COMPILE in flags
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(root / f"{cache or name}_inductor")} if compiling else {}
-    timeout = COMPILE_TIMEOUT if compiling else 240
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(root / f"{cache}_inductor")}
     if nproc == 1:
-        result = run_cli("train", *args, env=launch_env(root, env), timeout=timeout)
+        result = run_cli("train", *_args(out, COMPILE, *flags), env=launch_env(root, env), timeout=COMPILE_TIMEOUT)
         assert result.returncode == 0, result.stderr[-3000:]
     else:
-        result = torchrun_train(nproc, *args, workdir=root, env=env, timeout=timeout)
+        result = torchrun_train(nproc, *_args(out, COMPILE, *flags), workdir=root, env=env, timeout=COMPILE_TIMEOUT)
     (root / f"{name}.stderr").write_text(result.stderr)
     return out
 
 
+def _eager(pools, root: Path, name: str, nproc: int, *flags: str) -> Path:
+    """An eager run in ``root/name``, in a rank pool."""
+    result = pool_train(pools, nproc, *_args(root / name, *flags), workdir=root)
+    (root / f"{name}.stderr").write_text(result.stderr)
+    return root / name
+
+
 @pytest.fixture(scope="module")
-def ac_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def ac_runs(tmp_path_factory: pytest.TempPathFactory, rank_pools) -> dict[str, Path]:
     """FSDP(2) ACT with dropout and the VAE on, with and without activation checkpointing."""
-    root = tmp_path_factory.mktemp("ac")
     common = [*TINY_ACT, FSDP2, "--batch_size=4"]
-    return {"eager": _train(root, "eager", 2, *common), "ac": _train(root, "ac", 2, *common, AC)}
+
+    def build(root: Path) -> None:
+        _eager(rank_pools, root, "eager", 2, *common)
+        _eager(rank_pools, root, "ac", 2, *common, AC)
+
+    root = built_once(tmp_path_factory, "ac", build)
+    return {"eager": root / "eager", "ac": root / "ac"}
 
 
 def test_fsdp_losses_are_the_same_with_activation_checkpointing(ac_runs: dict[str, Path]) -> None:
@@ -55,15 +69,15 @@ def test_fsdp_losses_are_the_same_with_activation_checkpointing(ac_runs: dict[st
 
 
 def test_a_checkpoint_saved_with_activation_checkpointing_resumes_without_it(
-    ac_runs: dict[str, Path], tmp_path: Path
+    ac_runs: dict[str, Path], tmp_path: Path, rank_pools
 ) -> None:
     """Same state-dict keys either way: the AC run's step-2 checkpoint resumes with AC off
     and continues exactly as the AC run did (and as the run that never had AC)."""
     with_ac = ac_runs["ac"]
     resumed = crashed_copy(with_ac, 2, tmp_path / "resumed")
     config = resumed / "checkpoints/last/pretrained_model/train_config.json"
-    torchrun_train(2, "--resume=true", f"--config_path={config}", "--accelerator.activation_checkpointing=false",
-                   workdir=tmp_path)
+    pool_train(rank_pools, 2, "--resume=true", f"--config_path={config}", "--accelerator.activation_checkpointing=false",
+               workdir=tmp_path)
     assert losses(resumed, after=2) == pytest.approx(losses(with_ac, after=2), rel=1e-6)
     final = f"checkpoints/{STEPS:06d}/pretrained_model"
     ours, theirs = full_weights(resumed / final, tmp_path), full_weights(ac_runs["eager"] / final, tmp_path)
@@ -73,21 +87,23 @@ def test_a_checkpoint_saved_with_activation_checkpointing_resumes_without_it(
 
 
 @pytest.fixture(scope="module")
-def compile_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def compile_runs(tmp_path_factory: pytest.TempPathFactory, rank_pools) -> dict[str, Path]:
     """Without dropout (compiled kernels draw their own random numbers), with activation
     checkpointing, 2 samples per rank: one process eager and compiled, FSDP(2) compiled,
     and the eager one-process run of FSDP(2)'s global batch of 4. The compiled runs share
     one kernel cache, one after the other: FSDP(2) traces the same unit graphs at the same
     per-rank shapes, so its ranks load much of what the one-process run compiled instead
     of both compiling it again (half the CPU time of a cold FSDP(2) compile here)."""
-    root = tmp_path_factory.mktemp("compile")
     common = [*PARITY_ACT, AC, "--batch_size=2"]
-    return {
-        "eager_batch2": _train(root, "eager_batch2", 1, *common),
-        "single": _train(root, "single", 1, *common, COMPILE, cache="shared"),
-        "eager_batch4": _train(root, "eager_batch4", 1, *PARITY_ACT, AC, "--batch_size=4"),
-        "fsdp": _train(root, "fsdp", 2, *common, FSDP2, COMPILE, cache="shared"),
-    }
+
+    def build(root: Path) -> None:
+        _eager(rank_pools, root, "eager_batch2", 1, *common)
+        _compile(root, "single", 1, *common, cache="shared")
+        _eager(rank_pools, root, "eager_batch4", 1, *PARITY_ACT, AC, "--batch_size=4")
+        _compile(root, "fsdp", 2, *common, FSDP2, cache="shared")
+
+    root = built_once(tmp_path_factory, "compile", build)
+    return {name: root / name for name in ("eager_batch2", "single", "eager_batch4", "fsdp")}
 
 
 @pytest.mark.parametrize(("name", "reference"), [("single", "eager_batch2"), ("fsdp", "eager_batch4")])

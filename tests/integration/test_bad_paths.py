@@ -11,6 +11,8 @@ from conftest import run_cli, tmpfs
 from lerobot_kit.core.errors import ConfigError
 from lerobot_kit.core.run.output_dir import check_writable
 
+pytestmark = pytest.mark.fast  # starts no training run: the inner loop (-m "not slow") runs it
+
 RUN = ["--dataset.num_episodes=2", "--dataset.episode_length=20", "--steps=1"]
 
 

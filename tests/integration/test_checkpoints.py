@@ -4,7 +4,9 @@ the layout-version guard. Real gloo processes, watchdogs on.
 
 A resume is checked against the same run left uninterrupted: the run saves mid-way,
 and a copy of it "crashed" right after that save (later checkpoints and metrics removed)
-is resumed; from then on it must do what the uninterrupted run did.
+is resumed; from then on it must do what the uninterrupted run did. Those runs run in
+rank pools (``tests/rank_pool.py``: real ranks, started once); the fault tests start
+processes of their own, to kill or stop them.
 """
 
 from __future__ import annotations
@@ -13,8 +15,6 @@ import json
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from _dist_util import describe, start_ranks
 from checkpoint_state import assert_same_state, crashed_copy, full_optimizer, losses
-from conftest import PARITY_ACT, TINY_ACT, launch_env, run_cli, script, torchrun_train
+from conftest import PARITY_ACT, TINY_ACT, built_once, pool_script, pool_train, run_cli, script, torchrun_train
 from inotify_watch import IN_CREATE, IN_MODIFY, IN_MOVED_FROM, IN_OPEN, Watch
 from lerobot_kit.core.layout.manifest import read_manifest, saved_files, verify_manifest, write_manifest
 from lerobot_kit.core.checkpoint.training_state import load_full_optimizer
@@ -40,13 +40,14 @@ PARITY = [*PARITY_ACT, *SMALL_DATA, "--optimizer.eps=1e-3", "--log_freq=1", "--s
 
 
 @pytest.fixture(scope="module")
-def straight_fsdp2(tmp_path_factory) -> Path:
+def straight_fsdp2(tmp_path_factory, rank_pools) -> Path:
     """The uninterrupted FSDP(2) run the others are held to: 6 steps, saved at 3 and 6, both weight kinds."""
-    root = tmp_path_factory.mktemp("straight")
-    out = root / "run"
-    torchrun_train(2, f"--output_dir={out}", *COMMON, "--parallelism.dp_shard=2", "--steps=6", "--save_freq=3",
-                   "--checkpoint_format=safetensors_dcp", workdir=root)
-    return out
+
+    def build(root: Path) -> None:
+        pool_train(rank_pools, 2, f"--output_dir={root / 'run'}", *COMMON, "--parallelism.dp_shard=2", "--steps=6",
+                   "--save_freq=3", "--checkpoint_format=safetensors_dcp", workdir=root)
+
+    return built_once(tmp_path_factory, "straight_fsdp2", build) / "run"
 
 
 def blank_tensor_data(weights: Path) -> None:
@@ -72,7 +73,7 @@ def as_format(step_dir: Path, fmt: str) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "dcp", "safetensors_dcp"])
-def test_fsdp_resume_is_bitwise_exact_in_every_format(tmp_path, straight_fsdp2, fmt):
+def test_fsdp_resume_is_bitwise_exact_in_every_format(tmp_path, straight_fsdp2, rank_pools, fmt):
     """The straight run's step-3 checkpoint, holding only what ``fmt`` stores, resumed with
     ``fmt`` (so the resumed run's step-6 save is written in it) ends bitwise where it did."""
     out = crashed_copy(straight_fsdp2, 3, tmp_path / "split")
@@ -87,7 +88,8 @@ def test_fsdp_resume_is_bitwise_exact_in_every_format(tmp_path, straight_fsdp2, 
     with Watch() as watch:  # every open of the gathered file, by any process
         if gathered.is_file():
             watch.add(gathered, IN_OPEN)
-        torchrun_train(2, "--resume=true", f"--config_path={config}", f"--checkpoint_format={fmt}", workdir=tmp_path)
+        pool_train(rank_pools, 2, "--resume=true", f"--config_path={config}", f"--checkpoint_format={fmt}",
+                   workdir=tmp_path)
         opens = sum(1 for event in watch.events() if event.mask & IN_OPEN)
     # Gathered weights only: read once (by the main process) and broadcast to the shards.
     # With shards present, each rank reads its own shards; of the gathered file only the
@@ -135,21 +137,24 @@ SOURCES = {  # name: (processes, flags); the global batch is 16 in each
 
 
 @pytest.fixture(scope="module")
-def sources(tmp_path_factory) -> dict[str, Path]:
+def sources(tmp_path_factory, rank_pools) -> dict[str, Path]:
     """Uninterrupted 6-step runs that saved at step 4 (and 6)."""
-    root = tmp_path_factory.mktemp("sources")
-    for name, (nproc, flags) in SOURCES.items():
-        torchrun_train(nproc, f"--output_dir={root / name}", *PARITY, *flags, "--steps=6", "--save_freq=4",
-                       "--checkpoint_format=safetensors_dcp", workdir=root)
+
+    def build(root: Path) -> None:
+        for name, (nproc, flags) in SOURCES.items():
+            pool_train(rank_pools, nproc, f"--output_dir={root / name}", *PARITY, *flags, "--steps=6",
+                       "--save_freq=4", "--checkpoint_format=safetensors_dcp", workdir=root)
+
+    root = built_once(tmp_path_factory, "sources", build)
     return {name: root / name for name in SOURCES}
 
 
 @pytest.mark.parametrize("source", ["ddp2", "hsdp2x2"])
-def test_same_topology_resume_is_bitwise_exact(tmp_path, sources, source):
+def test_same_topology_resume_is_bitwise_exact(tmp_path, sources, rank_pools, source):
     """FSDP's same-topology resume is checked in every format above; DDP and HSDP here."""
     run = crashed_copy(sources[source], 4, tmp_path / "run")
     config = run / "checkpoints/last/pretrained_model/train_config.json"
-    result = torchrun_train(SOURCES[source][0], "--resume=true", f"--config_path={config}", workdir=tmp_path)
+    result = pool_train(rank_pools, SOURCES[source][0], "--resume=true", f"--config_path={config}", workdir=tmp_path)
     assert "steps 4→6" in result.stderr and "not sample-exact" not in result.stderr
     assert losses(run, after=4) == losses(sources[source], after=4)
     assert_same_state(sources[source] / "checkpoints/000006", run / "checkpoints/000006", tmp_path)
@@ -169,21 +174,15 @@ UNSET = ["--parallelism.dp_replicate=null", "--parallelism.dp_shard=null"]
     ],
     ids=["fsdp2-to-fsdp4", "fsdp2-to-one-process", "hsdp2x2-to-fsdp2", "ddp2-to-fsdp2", "fsdp2-to-ddp2"],
 )
-def test_resume_reshards_onto_another_topology(tmp_path, sources, source, nproc, flags, sample_exact):
+def test_resume_reshards_onto_another_topology(tmp_path, sources, rank_pools, source, nproc, flags, sample_exact):
     """The state restored on the new topology is bit for bit the saved one, and training
     goes on as the uninterrupted run did: each case keeps the global batch of 16, so the
     data order is the same, and only the order of float reductions differs."""
     run = crashed_copy(sources[source], 4, tmp_path / "run")
     config = run / "checkpoints/last/pretrained_model/train_config.json"
     dump = tmp_path / "restored"
-    args = [str(PROBE), str(dump), "--resume=true", f"--config_path={config}", *flags, "--steps=6", "--save_freq=6"]
-    if nproc == 1:
-        command = [sys.executable, *args]
-    else:
-        command = [script("torchrun"), "--standalone", f"--nproc-per-node={nproc}", *args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path,
-                            env=launch_env(tmp_path))
-    assert result.returncode == 0, result.stderr[-4000:]
+    result = pool_script(rank_pools, nproc, PROBE, str(dump), "--resume=true", f"--config_path={config}", *flags,
+                         "--steps=6", "--save_freq=6", workdir=tmp_path)
     saved = run / "checkpoints/000004"
     weights = load_file(saved / "pretrained_model/model.safetensors")
     restored = load_file(dump / "model.safetensors")
@@ -234,7 +233,8 @@ def _stop_rank_1_mid_save(ranks: list, checkpoints: Path, step: int) -> None:
     ("fault", "background"), [("kill-9", False), ("kill-9", True), ("hung", False)],
     ids=["kill-9-sync", "kill-9-async", "hung-rank-sync"],
 )
-def test_a_fault_during_a_save_leaves_the_last_checkpoint_resumable(tmp_path, straight_fsdp2, fault, background):
+def test_a_fault_during_a_save_leaves_the_last_checkpoint_resumable(tmp_path, straight_fsdp2, rank_pools, fault,
+                                                                    background):
     """kill -9 of the main process mid-save, or a rank that hangs mid-save (stopped, not
     killed): every rank exits non-zero within the collective timeout and ``last`` still
     names the previous, valid checkpoint. After the async kill (a background write cut
@@ -274,8 +274,8 @@ def test_a_fault_during_a_save_leaves_the_last_checkpoint_resumable(tmp_path, st
     if not background:
         return  # the resume of a half-done save is checked once, after the async kill below
     config = root / "last/pretrained_model/train_config.json"
-    torchrun_train(2, "--resume=true", f"--config_path={config}", "--steps=6", "--save_freq=2",
-                   "--parallelism.timeout_s=600", workdir=tmp_path)
+    pool_train(rank_pools, 2, "--resume=true", f"--config_path={config}", "--steps=6", "--save_freq=2",
+               "--parallelism.timeout_s=600", workdir=tmp_path)
     assert (root / "last").resolve().name == "000006"
     assert not any(p.name.endswith(".tmp") for p in root.iterdir())
     assert_same_state(straight_fsdp2 / "checkpoints/000006", root / "000006", tmp_path)
@@ -327,7 +327,7 @@ def test_dcp_only_checkpoint_needs_conversion_before_policy_path(tmp_path, strai
     assert again.returncode == 0, again.stderr[-2000:]
 
 
-def test_async_checkpoints_publish_in_order_one_at_a_time(tmp_path, straight_fsdp2):
+def test_async_checkpoints_publish_in_order_one_at_a_time(tmp_path, straight_fsdp2, rank_pools):
     """The straight run resumed from step 3 with DCP shards written in the background and a
     save after every step, watched by the kernel: each ``NNNNNN.tmp`` folder appears (a save
     starts), training logs steps while it is unpublished (the save returned at once), and
@@ -338,8 +338,8 @@ def test_async_checkpoints_publish_in_order_one_at_a_time(tmp_path, straight_fsd
     with Watch() as watch:
         watch.add(run / "checkpoints", IN_CREATE | IN_MOVED_FROM)
         watch.add(run / "logs" / "metrics.jsonl", IN_MODIFY)
-        result = torchrun_train(2, "--resume=true", f"--config_path={config}", "--checkpoint_format=dcp",
-                                "--async_checkpoint=true", "--save_freq=1", workdir=tmp_path)
+        result = pool_train(rank_pools, 2, "--resume=true", f"--config_path={config}", "--checkpoint_format=dcp",
+                            "--async_checkpoint=true", "--save_freq=1", workdir=tmp_path)
         events = watch.events()
     assert "checkpoints every 1 steps and at the end | weights dcp | written in the background" in result.stderr
     in_flight: list[str] = []

@@ -14,6 +14,8 @@ from test_inspect_checkpoint import write_checkpoint
 
 from lerobot_kit.core.layout import paths as L
 
+pytestmark = pytest.mark.fast  # starts no training run: the inner loop (-m "not slow") runs it
+
 # A third-party policy with bugs: ACT whose loss, and whose offline weight shapes, divide by zero.
 BUGGY_PLUGIN = '''
 from typing import Callable

@@ -15,6 +15,8 @@ import pytest
 
 from conftest import REPO, run_cli
 
+pytestmark = pytest.mark.fast  # starts no training run: the inner loop (-m "not slow") runs it
+
 LIGHT = [["--help"], ["train", "--help"], ["eval", "--help"], ["plan", "--help"], ["convert-dcp", "--help"],
          ["inspect-checkpoint", "--help"], ["plugins"]]
 

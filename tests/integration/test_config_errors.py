@@ -20,6 +20,8 @@ from conftest import run_cli
 from lerobot_kit.core.layout import paths as L
 from lerobot_kit.core.layout.manifest import write_manifest
 
+pytestmark = pytest.mark.fast  # starts no training run: the inner loop (-m "not slow") runs it
+
 HUGE = "99999999999999999999999"  # past int64
 DEEP = 60_000  # nesting of a flag value (one argument may hold 128 KiB)
 TINY = ["--policy.dim_model=16", "--policy.dim_feedforward=32", "--policy.n_encoder_layers=1",

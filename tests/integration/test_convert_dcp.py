@@ -181,6 +181,7 @@ def test_column_shards_are_assembled_bit_identical(fsdp_run, tmp_path):
     _assert_bit_identical(load_file(result.output), load_file(fsdp_run / "reference.safetensors"))
 
 
+@pytest.mark.fast  # no FSDP run: the inner loop runs it
 def test_mixed_dtypes_and_odd_values_stay_bit_identical(tmp_path):
     pretrained = tmp_path / STEP / PRETRAINED_DIR
     state = {
@@ -236,6 +237,7 @@ def test_the_checkpoint_record_follows_the_conversion(step_dir):
     assert not StoredWeights.of(pretrained).shards
 
 
+@pytest.mark.fast  # no FSDP run: the inner loop runs it
 def test_failed_verification_keeps_shards_and_leaves_no_file(tmp_path):
     """A byte changed on disk between the write and the verification (a disk fault)."""
     pretrained = tmp_path / STEP / PRETRAINED_DIR
@@ -282,6 +284,7 @@ def test_existing_output_is_not_overwritten_without_the_flag(step_dir):
     assert len(load_file(output)) == 8
 
 
+@pytest.mark.fast  # no FSDP run: the inner loop runs it
 def test_peft_shards_become_adapter_model(tmp_path):
     pretrained = tmp_path / STEP / PRETRAINED_DIR
     adapters = {  # PEFT's own key naming (adapter name stripped), as the PEFT saver writes them
@@ -301,6 +304,7 @@ def test_peft_shards_become_adapter_model(tmp_path):
 # ---------------------------------------------------------------- clear errors
 
 
+@pytest.mark.fast  # no FSDP run: the inner loop runs it
 def test_missing_checkpoint_folder(tmp_path):
     with pytest.raises(CheckpointError, match="no such checkpoint folder"):
         convert_dcp(tmp_path / "nope")
@@ -384,6 +388,7 @@ def test_console_scripts_convert_and_report(step_dir):
     assert not (step_dir / PRETRAINED_DIR / DCP_MODEL_DIR).exists()
 
 
+@pytest.mark.fast  # no FSDP run: the inner loop runs it
 def test_cli_errors_are_one_line_without_traceback(tmp_path):
     missing = run_cli("convert-dcp", f"--checkpoint_dir={tmp_path / 'nope'}")
     assert missing.returncode == 1
@@ -435,6 +440,7 @@ def test_unreachable_hub_fails_after_a_safe_conversion(step_dir, tmp_path):
     assert not (step_dir / PRETRAINED_DIR / DCP_MODEL_DIR).exists()  # the conversion itself succeeded
 
 
+@pytest.mark.fast  # no FSDP run: the inner loop runs it
 def test_push_without_huggingface_hub_names_the_extra(tmp_path):
     code = textwrap.dedent(
         f"""
@@ -471,6 +477,7 @@ print(baseline, status("VmHWM"), result.nbytes)
 """
 
 
+@pytest.mark.fast  # no FSDP run: the inner loop runs it
 def test_peak_memory_stays_near_the_largest_tensor(tmp_path):
     """~200 MB of weights in four 50 MB one-chunk tensors: converting holds one chunk at a
     time (plus a small read-back block), never the model; the benchmark's goal is 2x."""

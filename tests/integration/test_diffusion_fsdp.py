@@ -1,5 +1,5 @@
-"""Diffusion under FSDP2 through the CLI: two gloo ranks under torchrun, one
-DiffusionTransformerBlock per unit, and a resumed run equal to a straight one."""
+"""Diffusion under FSDP2 through the CLI: two gloo ranks (a rank pool, ``tests/rank_pool.py``),
+one DiffusionTransformerBlock per unit, and a resumed run equal to a straight one."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from conftest import read_metrics, torchrun_train
+from conftest import pool_train, read_metrics
 from lerobot_kit.core.checkpoint.pretrained import load_pretrained
 from lerobot_kit.plugins.policies.diffusion.modeling import DiffusionPolicy
 
@@ -19,14 +19,16 @@ CLI_TINY = ["--policy.type=diffusion", "--parallelism.dp_shard=2", "--policy.dim
             "--dataset.image_size=16", "--batch_size=4", "--log_freq=1", "--seed=3"]
 
 
-def test_fsdp2_training_resumes_exactly(tmp_path: Path) -> None:
+def test_fsdp2_training_resumes_exactly(tmp_path: Path, rank_pools) -> None:
     straight, split = tmp_path / "straight", tmp_path / "split"
-    result = torchrun_train(2, *CLI_TINY, f"--output_dir={straight}", "--steps=6", "--save_freq=3", workdir=tmp_path)
+    result = pool_train(rank_pools, 2, *CLI_TINY, f"--output_dir={straight}", "--steps=6", "--save_freq=3",
+                        workdir=tmp_path)
     assert "wrap units: 2 from policy (DiffusionTransformerBlock)" in result.stderr
     assert "layout fsdp" in result.stderr
-    torchrun_train(2, *CLI_TINY, f"--output_dir={split}", "--steps=3", "--save_freq=3", workdir=tmp_path)
+    pool_train(rank_pools, 2, *CLI_TINY, f"--output_dir={split}", "--steps=3", "--save_freq=3", workdir=tmp_path)
     config = split / "checkpoints" / "last" / "pretrained_model" / "train_config.json"
-    torchrun_train(2, "--resume=true", f"--config_path={config}", "--steps=6", "--save_freq=3", workdir=tmp_path)
+    pool_train(rank_pools, 2, "--resume=true", f"--config_path={config}", "--steps=6", "--save_freq=3",
+               workdir=tmp_path)
     losses = [row["loss"] for row in read_metrics(straight)]
     assert len(losses) == 6 and losses == [row["loss"] for row in read_metrics(split)]
     a = load_file(straight / "checkpoints" / "000006" / "pretrained_model" / "model.safetensors")

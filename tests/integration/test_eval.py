@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import TINY_ACT, launch_env, read_metrics, run_cli, torchrun_train
+from conftest import TINY_ACT, built_once, launch_env, pool_train, read_metrics, run_cli
 from plugin_dists import env_with, make_distribution
 
 DATA = ["--dataset.num_episodes=4", "--dataset.episode_length=20"]
@@ -23,12 +23,11 @@ SHORT = ["--env.episode_length=30"]  # evaluation episodes of 30 steps: cheap, a
 EVAL = ["--eval_freq=20", "--eval.n_episodes=8", "--eval.max_episodes_rendered=5", *SHORT]
 
 
-def train(workdir: Path, name: str, *args: str) -> Path:
-    """A one-process run; its output folder."""
+def train(pools, workdir: Path, name: str, *args: str, timeout: float = 240) -> Path:
+    """A one-process run in a rank pool (``tests/rank_pool.py``); its output folder."""
     output = workdir / name
-    result = run_cli("train", f"--output_dir={output}", *DATA, "--batch_size=4", "--log_freq=2", *args,
-                     env=launch_env(workdir), timeout=240)
-    assert result.returncode == 0, result.stderr[-3000:]
+    pool_train(pools, 1, f"--output_dir={output}", *DATA, "--batch_size=4", "--log_freq=2", *args, workdir=workdir,
+               timeout=timeout)
     return output
 
 
@@ -41,10 +40,10 @@ def eval_info(folder: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def act(tmp_path_factory) -> Path:
+def act(tmp_path_factory, rank_pools) -> Path:
     """A tiny ACT checkpoint (a step folder)."""
-    root = tmp_path_factory.mktemp("act")
-    return train(root, "run", *TINY_ACT, "--steps=4") / "checkpoints" / "000004"
+    root = built_once(tmp_path_factory, "eval_act", lambda root: train(rank_pools, root, "run", *TINY_ACT, "--steps=4"))
+    return root / "run" / "checkpoints" / "000004"
 
 
 def test_eval_writes_eval_info_videos_and_plot_and_prints_one_line(act, tmp_path):
@@ -85,8 +84,8 @@ def test_bad_input_is_one_line_with_the_fix(act, tmp_path):
         assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
 
 
-def test_a_camera_policy_needs_the_camera_and_evaluates_with_it(tmp_path):
-    run = train(tmp_path, "run", *TINY_ACT, "--dataset.image=true", "--dataset.image_size=16", "--steps=2")
+def test_a_camera_policy_needs_the_camera_and_evaluates_with_it(tmp_path, rank_pools):
+    run = train(rank_pools, tmp_path, "run", *TINY_ACT, "--dataset.image=true", "--dataset.image_size=16", "--steps=2")
     checkpoint = f"--policy.path={run / 'checkpoints' / 'last'}"
     blind = evaluate(checkpoint, *SHORT, workdir=tmp_path)
     assert blind.returncode == 2 and len(blind.stderr.splitlines()) == 1, blind.stderr
@@ -97,13 +96,13 @@ def test_a_camera_policy_needs_the_camera_and_evaluates_with_it(tmp_path):
     assert len(eval_info(tmp_path / "out")["per_episode"]) == 2
 
 
-def test_a_peft_checkpoint_evaluates_as_its_merged_policy_and_as_during_training(act, tmp_path):
+def test_a_peft_checkpoint_evaluates_as_its_merged_policy_and_as_during_training(act, tmp_path, rank_pools):
     """The adapter checkpoint, the plain model merged from it and the run's own evaluation of
     its last step (a copy of the PEFT model, merged) give the same episodes."""
     from lerobot_kit.core.checkpoint.pretrained import merge_adapter
 
     common = ["--eval.n_episodes=3", "--eval.max_episodes_rendered=0", *SHORT]
-    run = train(tmp_path, "lora", f"--policy.path={act}", "--peft.method_type=LORA", "--peft.r=4",
+    run = train(rank_pools, tmp_path, "lora", f"--policy.path={act}", "--peft.method_type=LORA", "--peft.r=4",
                 "--optimizer.lr=1e-2", "--steps=4", "--eval_freq=4", *common)
     adapter = run / "checkpoints" / "000004"
     merged = merge_adapter(adapter / "pretrained_model", tmp_path / "merged")
@@ -115,15 +114,14 @@ def test_a_peft_checkpoint_evaluates_as_its_merged_policy_and_as_during_training
     assert episodes == eval_info(run / "eval" / "000004")["per_episode"]
 
 
-def test_a_trained_policy_reaches_nine_tenths_of_the_experts_success(tmp_path):
+def test_a_trained_policy_reaches_nine_tenths_of_the_experts_success(tmp_path, rank_pools):
     """The closed-loop figure of docs/performance.md in small (benchmarks/eval_success.py runs the README's commands):
     default ACT on the reach data, 1,000 steps at batch 32, then 20 episodes beside the expert. At 500 steps
     the policy reached 100% on one CPU and 75% on another (its floating-point kernels differ); at 1,000 it
     reaches 100% from every seed tried."""
     output = tmp_path / "run"
-    trained = run_cli("train", f"--output_dir={output}", "--batch_size=32", "--optimizer.lr=3e-4", "--steps=1000",
-                      "--log_freq=100", env=launch_env(tmp_path), timeout=600)
-    assert trained.returncode == 0, trained.stderr[-3000:]
+    pool_train(rank_pools, 1, f"--output_dir={output}", "--batch_size=32", "--optimizer.lr=3e-4", "--steps=1000",
+               "--log_freq=100", workdir=tmp_path, timeout=600)
     result = evaluate(f"--policy.path={output / 'checkpoints' / 'last'}", "--eval.n_episodes=20",
                       "--eval.max_episodes_rendered=0", "--output_dir=out", workdir=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -197,15 +195,15 @@ def test_a_third_party_environment_evaluates_without_expert_or_camera(act, tmp_p
     assert runs["5"]["aggregated"]["avg_sum_reward"] < calm["aggregated"]["avg_sum_reward"] - 10
 
 
-def test_eval_during_fsdp_training_is_split_reduced_and_leaves_training_alone(tmp_path):
+def test_eval_during_fsdp_training_is_split_reduced_and_leaves_training_alone(tmp_path, rank_pools):
     """Two FSDP ranks evaluate 8 episodes at steps 20 and 40. Each row counts all 8 and equals
     ``lerobot eval`` (one process) on that step's checkpoint, and the weights equal those of a
     run without evaluation (dropout and the VAE draw from the RNG at every step, so a single
     draw taken by the evaluation would show)."""
     common = [*TINY_ACT, *DATA, "--batch_size=4", "--parallelism.dp_shard=2", "--steps=40", "--save_freq=20",
               "--log_freq=20"]
-    torchrun_train(2, *common, *EVAL, f"--output_dir={tmp_path / 'with'}", workdir=tmp_path)
-    torchrun_train(2, *common, f"--output_dir={tmp_path / 'without'}", workdir=tmp_path)
+    pool_train(rank_pools, 2, *common, *EVAL, f"--output_dir={tmp_path / 'with'}", workdir=tmp_path)
+    pool_train(rank_pools, 2, *common, f"--output_dir={tmp_path / 'without'}", workdir=tmp_path)
 
     rows = [row for row in read_metrics(tmp_path / "with") if "eval/pc_success" in row]
     assert [(row["step"], row["eval/n_episodes"]) for row in rows] == [(20, 8), (40, 8)]
@@ -230,12 +228,12 @@ def test_eval_during_fsdp_training_is_split_reduced_and_leaves_training_alone(tm
     assert all(torch.equal(trained[k], reference[k]) for k in reference)
 
 
-def test_a_run_with_evaluation_resumes_exactly(tmp_path):
+def test_a_run_with_evaluation_resumes_exactly(tmp_path, rank_pools):
     """Interrupted after the checkpoint and evaluation of step 4 (a copy of the run cut back to
     there), the resumed run ends with the uninterrupted run's weights and evaluation."""
     flags = [*TINY_ACT, "--steps=8", "--save_freq=4", "--eval_freq=4", "--eval.n_episodes=2",
              "--eval.max_episodes_rendered=0", *SHORT]
-    straight = train(tmp_path, "straight", *flags)
+    straight = train(rank_pools, tmp_path, "straight", *flags)
     cut = tmp_path / "cut"
     shutil.copytree(straight, cut, symlinks=True)
     shutil.rmtree(cut / "checkpoints" / "000008")
@@ -243,8 +241,7 @@ def test_a_run_with_evaluation_resumes_exactly(tmp_path):
     (cut / "checkpoints" / "last").unlink()
     (cut / "checkpoints" / "last").symlink_to("000004")
     config = cut / "checkpoints" / "000004" / "pretrained_model" / "train_config.json"
-    resumed = run_cli("train", "--resume=true", f"--config_path={config}", env=launch_env(tmp_path), timeout=240)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    pool_train(rank_pools, 1, "--resume=true", f"--config_path={config}", workdir=tmp_path)
     weights = "checkpoints/000008/pretrained_model/model.safetensors"
     final, again = load_file(straight / weights), load_file(cut / weights)
     assert all(torch.equal(final[k], again[k]) for k in final)

@@ -34,7 +34,10 @@ from lerobot_kit.core.layout.dcp_metadata import TORCH_DTYPE_ITEMSIZE, UnsafeMet
 from lerobot_kit.core.offline.inspect import inspect_checkpoint
 from lerobot_kit.core.errors import CheckpointError
 
-pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
+    pytest.mark.fast,  # offline, in process or the console script: the inner loop (-m "not slow") runs it
+]
 
 LEROBOT = Path(sys.executable).parent / "lerobot"
 
@@ -128,6 +131,7 @@ def test_safetensors_dcp_and_peft_and_fp16_checkpoints_are_valid(tmp_path: Path)
     assert inspect_checkpoint(peft).peft and "adapter" in inspect_checkpoint(peft).loadable.why
 
 
+@pytest.mark.slow  # two processes save FSDP shards
 def test_real_fsdp_shards_from_two_processes(tmp_path: Path) -> None:
     """Multi-chunk metadata as FSDP2 writes it (uneven and empty chunks included)."""
     script = textwrap.dedent(

@@ -24,6 +24,8 @@ from lerobot_kit.core.layout.training_step import read_training_step
 from lerobot_kit.core.offline.inspect import inspect_checkpoint
 from lerobot_kit.core.run.spec import resolve_run
 
+pytestmark = pytest.mark.fast  # starts no training run: the inner loop (-m "not slow") runs it
+
 KINDS = {
     "full, gathered, one optimizer file": {},
     "full, DCP shards, fp16": {"weights": "dcp", "optimizer": "dcp", "dp_shard": 2, "mixed_precision": "fp16"},

@@ -1,7 +1,9 @@
 """Every layout trains from the CLI with real gloo processes, and agrees with one process.
 
-Each test launches real processes (torchrun or accelerate launch) with a watchdog
-timeout, so a hang fails the test instead of blocking CI.
+The runs compared with each other run in rank pools (``tests/rank_pool.py``: real rank
+processes in a real gloo group, started once, each run through the CLI's entry point);
+the launchers (torchrun across two nodes, accelerate launch) start real processes. Every
+wait has a watchdog, so a hang fails the test instead of blocking CI.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from safetensors.torch import load_file
 
 from _dist_util import free_port
 from checkpoint_state import assert_same_state, crashed_copy, losses
-from conftest import PARITY_ACT, TINY_ACT, launch_env, run_cli, script, torchrun_train
+from conftest import PARITY_ACT, TINY_ACT, built_once, launch_env, pool_train, run_cli, script, torchrun_train
 
 STEPS = 4
 GLOBAL_BATCH = 8
@@ -33,22 +35,18 @@ LAYOUTS = {  # name: (processes, flags)
 
 
 @pytest.fixture(scope="module")
-def layout_runs(tmp_path_factory) -> dict[str, Path]:
+def layout_runs(tmp_path_factory, rank_pools) -> dict[str, Path]:
     """The same global batch of 8 per step in every layout."""
-    root = tmp_path_factory.mktemp("layouts")
-    outputs = {}
-    for name, (nproc, flags) in LAYOUTS.items():
-        out = root / name
-        args = [f"--output_dir={out}", *PARITY_ACT, *PARITY_OPTIM, *flags, f"--steps={STEPS}", "--log_freq=1",
-                f"--batch_size={GLOBAL_BATCH // nproc}", f"--save_freq={STEPS}", "--checkpoint_format=safetensors_dcp"]
-        if nproc == 1:
-            result = run_cli("train", *args, env=launch_env(root))
-            assert result.returncode == 0, result.stderr[-3000:]
-        else:
-            result = torchrun_train(nproc, *args, workdir=root)
-        (root / f"{name}.stderr").write_text(result.stderr)
-        outputs[name] = out
-    return outputs
+
+    def build(root: Path) -> None:
+        for name, (nproc, flags) in LAYOUTS.items():
+            result = pool_train(rank_pools, nproc, f"--output_dir={root / name}", *PARITY_ACT, *PARITY_OPTIM, *flags,
+                                f"--steps={STEPS}", "--log_freq=1", f"--batch_size={GLOBAL_BATCH // nproc}",
+                                f"--save_freq={STEPS}", "--checkpoint_format=safetensors_dcp", workdir=root)
+            (root / f"{name}.stderr").write_text(result.stderr)
+
+    root = built_once(tmp_path_factory, "layouts", build)
+    return {name: root / name for name in LAYOUTS}
 
 
 def test_every_layout_gives_the_one_process_losses(layout_runs):
@@ -117,15 +115,15 @@ def test_banner_states_the_effective_batch_and_layout(layout_runs):
     assert log.count("effective batch") == 1, "only the main process prints"
 
 
-def test_gradient_accumulation_equals_a_bigger_batch_and_resumes_exactly(tmp_path):
+def test_gradient_accumulation_equals_a_bigger_batch_and_resumes_exactly(tmp_path, rank_pools):
     """FSDP(2): batch 4 × accumulation 1 and batch 2 × accumulation 2 make the same updates;
     the accumulating run, resumed from a checkpoint between two updates, is bitwise itself."""
     common = [*PARITY_ACT, *PARITY_OPTIM, "--parallelism.dp_shard=2", "--log_freq=1"]
     big, accumulated = tmp_path / "big", tmp_path / "acc"
-    torchrun_train(2, f"--output_dir={big}", *common, "--batch_size=4", "--steps=3", "--save_freq=3",
-                   workdir=tmp_path)
-    result = torchrun_train(2, f"--output_dir={accumulated}", *common, "--batch_size=2", "--steps=6",
-                            "--accelerator.gradient_accumulation.steps=2", "--save_freq=2", workdir=tmp_path)
+    pool_train(rank_pools, 2, f"--output_dir={big}", *common, "--batch_size=4", "--steps=3", "--save_freq=3",
+               workdir=tmp_path)
+    result = pool_train(rank_pools, 2, f"--output_dir={accumulated}", *common, "--batch_size=2", "--steps=6",
+                        "--accelerator.gradient_accumulation.steps=2", "--save_freq=2", workdir=tmp_path)
     assert "effective batch 8 = batch_size 2 × dp_world_size 2 × gradient_accumulation 2" in result.stderr
     a = load_file(big / "checkpoints/last/pretrained_model/model.safetensors")
     b = load_file(accumulated / "checkpoints/last/pretrained_model/model.safetensors")
@@ -137,7 +135,7 @@ def test_gradient_accumulation_equals_a_bigger_batch_and_resumes_exactly(tmp_pat
 
     resumed = crashed_copy(accumulated, 4, tmp_path / "resumed")
     config = resumed / "checkpoints/last/pretrained_model/train_config.json"
-    torchrun_train(2, "--resume=true", f"--config_path={config}", workdir=tmp_path)
+    pool_train(rank_pools, 2, "--resume=true", f"--config_path={config}", workdir=tmp_path)
     assert losses(resumed, after=4) == losses(accumulated, after=4)
     assert_same_state(accumulated / "checkpoints/000006", resumed / "checkpoints/000006", tmp_path)
 
@@ -146,18 +144,19 @@ PRECISIONS = [("bf16", "ddp2"), ("bf16", "fsdp2"), ("fp16", "ddp2"), ("fp16", "f
 
 
 @pytest.fixture(scope="module")
-def precision_runs(tmp_path_factory) -> dict[tuple[str, str], Path]:
+def precision_runs(tmp_path_factory, rank_pools) -> dict[tuple[str, str], Path]:
     """The ddp2 and fsdp2 layout runs again under bf16 and fp16, saving half-way too."""
-    root = tmp_path_factory.mktemp("precision")
-    outputs = {}
-    for precision, layout in PRECISIONS:
-        nproc, flags = LAYOUTS[layout]
-        out = root / f"{precision}_{layout}"
-        torchrun_train(nproc, f"--output_dir={out}", *PARITY_ACT, *PARITY_OPTIM, *flags, f"--steps={STEPS}",
-                       "--log_freq=1", f"--batch_size={GLOBAL_BATCH // nproc}", f"--save_freq={STEPS // 2}",
+
+    def build(root: Path) -> None:
+        for precision, layout in PRECISIONS:
+            nproc, flags = LAYOUTS[layout]
+            pool_train(rank_pools, nproc, f"--output_dir={root / f'{precision}_{layout}'}", *PARITY_ACT,
+                       *PARITY_OPTIM, *flags, f"--steps={STEPS}", "--log_freq=1",
+                       f"--batch_size={GLOBAL_BATCH // nproc}", f"--save_freq={STEPS // 2}",
                        f"--accelerator.mixed_precision={precision}", workdir=root)
-        outputs[(precision, layout)] = out
-    return outputs
+
+    root = built_once(tmp_path_factory, "precision", build)
+    return {(precision, layout): root / f"{precision}_{layout}" for precision, layout in PRECISIONS}
 
 
 @pytest.mark.parametrize(("precision", "layout"), PRECISIONS)
@@ -172,7 +171,7 @@ def test_mixed_precision_computes_in_low_precision_and_tracks_fp32(layout_runs, 
     assert scaler.is_file() == (precision == "fp16")
 
 
-def test_fp16_resume_restores_the_loss_scaler(precision_runs, tmp_path):
+def test_fp16_resume_restores_the_loss_scaler(precision_runs, tmp_path, rank_pools):
     """The scaler's state at the half-way checkpoint is not a fresh scaler's, and the run
     resumed from there ends with the straight run's scaler, weights and optimizer, bitwise."""
     straight = precision_runs[("fp16", "fsdp2")]
@@ -180,7 +179,7 @@ def test_fp16_resume_restores_the_loss_scaler(precision_runs, tmp_path):
     saved = json.loads((run / f"checkpoints/{STEPS // 2:06d}/training_state/scaler_state.json").read_text())
     assert (saved["scale"], saved["growth_tracker"]) != (2.0**16, 0), saved  # what a fresh scaler starts from
     config = run / "checkpoints/last/pretrained_model/train_config.json"
-    torchrun_train(2, "--resume=true", f"--config_path={config}", workdir=tmp_path)
+    pool_train(rank_pools, 2, "--resume=true", f"--config_path={config}", workdir=tmp_path)
     final = f"checkpoints/{STEPS:06d}"
     assert (json.loads((run / final / "training_state/scaler_state.json").read_text())
             == json.loads((straight / final / "training_state/scaler_state.json").read_text()))
@@ -260,15 +259,15 @@ def test_accelerate_engine_variables_are_refused(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_fsdp_with_ignored_modules_keeps_them_whole_and_trains_them(tmp_path):
+def test_fsdp_with_ignored_modules_keeps_them_whole_and_trains_them(tmp_path, rank_pools):
     """The DCP checkpoint records how each parameter was held: an ignored module's weights
     as one whole tensor (never sharded), an FSDP unit's as one row block per rank."""
     import torch.distributed.checkpoint as dcp
 
     out = tmp_path / "ignored"
-    torchrun_train(2, f"--output_dir={out}", *TINY_ACT, "--parallelism.dp_shard=2",
-                   "--accelerator.fsdp.ignored_modules=vae_encoder.*", "--checkpoint_format=safetensors_dcp",
-                   "--steps=2", "--save_freq=1", workdir=tmp_path)
+    pool_train(rank_pools, 2, f"--output_dir={out}", *TINY_ACT, "--parallelism.dp_shard=2",
+               "--accelerator.fsdp.ignored_modules=vae_encoder.*", "--checkpoint_format=safetensors_dcp",
+               "--steps=2", "--save_freq=1", workdir=tmp_path)
     folder = out / "checkpoints/000002/pretrained_model/pytorch_model_fsdp_0"
     metadata = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
     ignored = [fqn for fqn in metadata if fqn.startswith("vae_encoder.")]

@@ -9,7 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from _dist_util import clean_env
+
+pytestmark = pytest.mark.fast  # starts no training run: the inner loop (-m "not slow") runs it
 
 
 def test_allowed_download_offline_is_a_clear_error(tmp_path: Path) -> None:

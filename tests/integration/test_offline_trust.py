@@ -15,7 +15,7 @@ import pytest
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 
-from conftest import launch_env, run_cli
+from conftest import pool_train, run_cli
 from lerobot_kit.core.layout import paths as L
 from lerobot_kit.core.layout.manifest import file_digest, read_manifest, write_manifest
 from lerobot_kit.core.layout.training_step import rewrite_weights_kind
@@ -31,11 +31,11 @@ TINY = ["--policy.dim_model=32", "--policy.dim_feedforward=64", "--policy.n_head
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def saved(tmp_path_factory: pytest.TempPathFactory, rank_pools) -> Path:
+    """A one-step run (in a rank pool, ``tests/rank_pool.py``) whose step folder holds both weight kinds."""
     root = tmp_path_factory.mktemp("trust")
-    proc = run_cli("train", f"--output_dir={root / 'run'}", *TINY, "--steps=1", "--save_freq=1", "--batch_size=4",
-                   env=launch_env(root), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    pool_train(rank_pools, 1, f"--output_dir={root / 'run'}", *TINY, "--steps=1", "--save_freq=1", "--batch_size=4",
+               workdir=root, timeout=300)
     step_dir = root / "run" / L.CHECKPOINTS_DIR / "000001"
     pretrained = step_dir / L.PRETRAINED_DIR
     dcp.save(load_file(pretrained / L.MODEL_WEIGHTS), checkpoint_id=pretrained / L.DCP_MODEL_DIR, no_dist=True)

@@ -6,7 +6,10 @@ import subprocess
 import sys
 import zipfile
 
+import pytest
 from conftest import REPO
+
+pytestmark = pytest.mark.fast  # starts no training run: the inner loop (-m "not slow") runs it
 
 
 def test_wheel_contains_every_module(tmp_path):

@@ -1,6 +1,7 @@
 """PEFT fine-tuning from the CLI, with real gloo processes on CPU.
 
-A tiny ACT base is trained once per module; every PEFT run starts from it with
+The runs (in rank pools, ``tests/rank_pool.py``: real ranks started once) are trained
+once per session. A tiny ACT base is trained first; every PEFT run starts from it with
 ``--policy.path``. Each layout saves at the half-way step and the end, which lets a test
 check what no file holds directly: the loss logged right after the half-way checkpoint,
 computed by the run's in-memory model, is reproduced from the *base file + the adapter
@@ -17,7 +18,7 @@ from pathlib import Path
 import peft  # noqa: E402,F401  - part of the test extras; fail loudly if missing
 import pytest
 import torch
-from conftest import launch_env, read_metrics, run_cli, torchrun_train
+from conftest import built_once, launch_env, pool_train, read_metrics, run_cli
 from safetensors.torch import load_file
 
 BASE_ACT = ["--policy.dim_model=64", "--policy.dim_feedforward=128", "--policy.n_heads=2",
@@ -40,32 +41,27 @@ LAYOUTS = {  # name: (processes, flags)
 }
 
 
-def train(nproc: int, *args: str, workdir: Path) -> None:
-    if nproc == 1:
-        result = run_cli("train", *args, env=launch_env(workdir), timeout=180)
-        assert result.returncode == 0, result.stderr[-3000:]
-    else:
-        torchrun_train(nproc, *args, workdir=workdir)
-
-
 @pytest.fixture(scope="module")
-def base(tmp_path_factory) -> Path:
+def base(tmp_path_factory, rank_pools) -> Path:
     """The pretrained policy every PEFT run fine-tunes: a step folder."""
-    root = tmp_path_factory.mktemp("base")
-    train(1, f"--output_dir={root / 'run'}", *BASE_ACT, *DATA, "--steps=2", "--batch_size=4", workdir=root)
-    return root / "run" / "checkpoints" / "000002"
+
+    def build(root: Path) -> None:
+        pool_train(rank_pools, 1, f"--output_dir={root / 'run'}", *BASE_ACT, *DATA, "--steps=2", "--batch_size=4",
+                   workdir=root)
+
+    return built_once(tmp_path_factory, "peft_base", build) / "run" / "checkpoints" / "000002"
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, base: Path) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("peft")
-    outputs = {}
-    for name, (nproc, flags) in LAYOUTS.items():
-        out = root / name
-        train(nproc, f"--output_dir={out}", f"--policy.path={base}", *LORA, *DATA, *flags, f"--steps={STEPS}",
-              f"--save_freq={HALF}", "--log_freq=1", f"--batch_size={GLOBAL_BATCH // nproc}", workdir=root)
-        outputs[name] = out
-    return outputs
+def runs(tmp_path_factory, rank_pools, base: Path) -> dict[str, Path]:
+    def build(root: Path) -> None:
+        for name, (nproc, flags) in LAYOUTS.items():
+            pool_train(rank_pools, nproc, f"--output_dir={root / name}", f"--policy.path={base}", *LORA, *DATA,
+                       *flags, f"--steps={STEPS}", f"--save_freq={HALF}", "--log_freq=1",
+                       f"--batch_size={GLOBAL_BATCH // nproc}", workdir=root)
+
+    root = built_once(tmp_path_factory, "peft_runs", build)
+    return {name: root / name for name in LAYOUTS}
 
 
 def step_dir(run: Path, step: int) -> Path:
@@ -202,7 +198,7 @@ def test_loading_the_adapter_gives_the_base_unchanged_and_peft_agrees(runs, base
     assert torch.equal(first_action(reloaded), merged_action)
 
 
-def resume_from_half(run: Path, copy: Path, nproc: int, *flags: str) -> None:
+def resume_from_half(pools, run: Path, copy: Path, nproc: int, *flags: str) -> None:
     """Resume a copy of ``run`` as if it had stopped right after the half-way checkpoint."""
     shutil.copytree(run, copy, symlinks=True)
     shutil.rmtree(step_dir(copy, STEPS))
@@ -210,22 +206,22 @@ def resume_from_half(run: Path, copy: Path, nproc: int, *flags: str) -> None:
     (copy / "checkpoints" / "last").symlink_to(f"{HALF:06d}")
     (copy / "logs" / "metrics.jsonl").unlink()
     config = step_dir(copy, HALF) / "pretrained_model" / "train_config.json"
-    train(nproc, "--resume=true", f"--config_path={config}", *flags, workdir=copy.parent)
+    pool_train(pools, nproc, "--resume=true", f"--config_path={config}", *flags, workdir=copy.parent)
 
 
-def test_resume_restores_the_adapter_exactly_and_reshards(runs, tmp_path):
+def test_resume_restores_the_adapter_exactly_and_reshards(runs, tmp_path, rank_pools):
     straight = runs["fsdp2"]
     expected = adapter_tensors(step_dir(straight, STEPS))
     straight_losses = [m["loss"] for m in read_metrics(straight)][HALF:]
 
     resumed = tmp_path / "fsdp2_resumed"
-    resume_from_half(straight, resumed, 2)
+    resume_from_half(rank_pools, straight, resumed, 2)
     got = adapter_tensors(step_dir(resumed, STEPS))
     assert set(got) == set(expected) and all(torch.equal(got[k], expected[k]) for k in expected)
     assert [m["loss"] for m in read_metrics(resumed)] == straight_losses
 
     resharded = tmp_path / "fsdp4_resumed"
-    resume_from_half(straight, resharded, 4, "--parallelism.dp_shard=4", f"--batch_size={GLOBAL_BATCH // 4}")
+    resume_from_half(rank_pools, straight, resharded, 4, "--parallelism.dp_shard=4", f"--batch_size={GLOBAL_BATCH // 4}")
     info = json.loads((step_dir(resharded, STEPS) / "training_state" / "training_step.json").read_text())
     assert info["topology"]["dp_shard"] == 4 and info["peft"] is True
     # Same global batches, split over four ranks: equal up to float summation order.

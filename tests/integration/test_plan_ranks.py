@@ -140,6 +140,7 @@ def test_plan_matches_real_fsdp_ranks(world_size: int, tmp_path: Path) -> None:
             assert sum(m["params_bytes"] for m in measured) == plan["ddp_per_rank"]["params_bytes"], name
 
 
+@pytest.mark.fast  # the console script alone: the inner loop runs it
 def test_cli_plans_eight_ranks_in_one_process(cli) -> None:
     """In seconds of CPU time (the plan's own, as the wall clock of a shared machine
     measures its neighbours too), activations traced included."""
@@ -157,6 +158,7 @@ def test_cli_plans_eight_ranks_in_one_process(cli) -> None:
     assert cpu_s < 30, f"lerobot plan took {cpu_s:.1f}s of CPU time"
 
 
+@pytest.mark.fast  # the console script alone: the inner loop runs it
 def test_cli_json_is_the_plan(cli) -> None:
     flags = ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=4", "--accelerator.mixed_precision=bf16"]
     result = cli("plan", "--json", *flags, "--world_size", "8", timeout=300)
@@ -189,6 +191,7 @@ def param_shapes(flags: list[str]) -> list[tuple[int, ...]]:
         return [tuple(p.shape) for p in make_policy(config.policy, meta).parameters()]
 
 
+@pytest.mark.fast  # the console script alone: the inner loop runs it
 def test_cli_error_is_one_line_exit_2(cli) -> None:
     result = cli("plan", "--world_size=8", "--parallelism.dp_shard=4", timeout=300)
     assert result.returncode == 2, (result.stdout, result.stderr)
@@ -200,6 +203,7 @@ def test_cli_error_is_one_line_exit_2(cli) -> None:
     assert result.stdout == ""
 
 
+@pytest.mark.fast  # the console script alone: the inner loop runs it
 def test_help_names_plan_flags_and_train_flags(cli) -> None:
     result = cli("plan", "--help", timeout=300)
     assert result.returncode == 0

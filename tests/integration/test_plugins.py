@@ -12,6 +12,8 @@ from conftest import TINY_ACT, launch_env, run_cli, script
 from lerobot_kit.core.registry import hookspecs
 from plugin_dists import env_with, make_distribution
 
+pytestmark = pytest.mark.fast  # starts no training run: the inner loop (-m "not slow") runs it
+
 PLUGIN_MODULE = '''
 from typing import Callable
 from pydantic import Field
@@ -91,6 +93,7 @@ def lerobot_register_launchers(register: Callable) -> None:
 '''
 
 
+@pytest.mark.slow  # two training processes
 def test_a_third_party_launcher_starts_a_two_process_run(tmp_path):
     """Two `lerobot train` processes that only the plugin's variables describe: the plugin
     recognises them, and they form one two-rank FSDP job."""

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import TINY_ACT, launch_env, run_cli, script
+from conftest import TINY_ACT, built_once, launch_env, pool_train, run_cli, script
 
 SMALL_DATA = ["--dataset.num_episodes=2", "--dataset.episode_length=20"]
 RUN = [*TINY_ACT, *SMALL_DATA, "--batch_size=4", "--log_freq=10", "--seed=3", "--steps=400", "--save_freq=200"]
@@ -57,12 +57,13 @@ def step_folders(run: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("uninterrupted")
-    proc = start(root, *RUN, f"--output_dir={root / 'run'}")
-    output, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, output[-4000:]
-    return root / "run"
+def uninterrupted(tmp_path_factory, rank_pools) -> Path:
+    """The run never stopped, in a rank pool (``tests/rank_pool.py``): only the stopped runs need processes of their own."""
+
+    def build(root: Path) -> None:
+        pool_train(rank_pools, 1, *RUN, f"--output_dir={root / 'run'}", workdir=root, timeout=600)
+
+    return built_once(tmp_path_factory, "preemption_uninterrupted", build) / "run"
 
 
 def test_sigterm_at_step_30_saves_the_step_reached_and_the_resumed_run_is_bit_identical(tmp_path, uninterrupted):

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from _dist_util import describe, start_ranks, wait_ranks
-from conftest import TINY_ACT, launch_env, run_cli, script, torchrun_train
+from conftest import TINY_ACT, built_once, launch_env, pool_train, run_cli, script
 
 SMALL_DATA = ["--dataset.num_episodes=2", "--dataset.episode_length=20"]
 FSDP = [*TINY_ACT, *SMALL_DATA, "--batch_size=4", "--log_freq=10", "--seed=7", "--parallelism.dp_shard=2"]
@@ -49,12 +49,15 @@ def assert_bit_identical(run: Path, reference: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> Path:
-    """The same FSDP(2) run, never interrupted: 60 steps, a checkpoint every 10."""
-    root = tmp_path_factory.mktemp("uninterrupted")
-    torchrun_train(2, *FSDP, f"--steps={STEPS}", "--save_freq=10", f"--output_dir={root / 'run'}", workdir=root,
-                   timeout=420)
-    return root / "run"
+def uninterrupted(tmp_path_factory, rank_pools) -> Path:
+    """The same FSDP(2) run, never interrupted: 60 steps, a checkpoint every 10. In a rank
+    pool (``tests/rank_pool.py``): only the runs that are killed and restarted need torchrun."""
+
+    def build(root: Path) -> None:
+        pool_train(rank_pools, 2, *FSDP, f"--steps={STEPS}", "--save_freq=10", f"--output_dir={root / 'run'}",
+                   workdir=root, timeout=420)
+
+    return built_once(tmp_path_factory, "restarts_uninterrupted", build) / "run"
 
 
 def test_a_rank_killed_after_checkpoint_20_restarts_and_ends_bit_identical(tmp_path, uninterrupted):
@@ -94,7 +97,8 @@ def test_a_rank_killed_during_a_save_restarts_and_ends_bit_identical(tmp_path, u
     assert_bit_identical(tmp_path / "run", uninterrupted)
 
 
-def test_sigterm_to_rank_0_of_fsdp_saves_where_both_ranks_stop_and_a_resume_is_bit_identical(tmp_path, uninterrupted):
+def test_sigterm_to_rank_0_of_fsdp_saves_where_both_ranks_stop_and_a_resume_is_bit_identical(tmp_path, uninterrupted,
+                                                                                              rank_pools):
     run = tmp_path / "run"
     argv = [script("lerobot"), "train", *FSDP, f"--steps={STEPS}", "--save_freq=40", f"--output_dir={run}"]
     ranks = start_ranks(argv, 2, tmp_path)
@@ -116,7 +120,7 @@ def test_sigterm_to_rank_0_of_fsdp_saves_where_both_ranks_stop_and_a_resume_is_b
     assert "Traceback" not in ranks[0].output() + ranks[1].output()
     inspected = run_cli("inspect-checkpoint", str(run / "checkpoints/last"))
     assert inspected.returncode == 0, inspected.stdout + inspected.stderr
-    resumed = torchrun_train(2, *FSDP, f"--steps={STEPS}", "--save_freq=40", f"--output_dir={run}",
-                             "--resume=auto", workdir=tmp_path, timeout=420)
+    resumed = pool_train(rank_pools, 2, *FSDP, f"--steps={STEPS}", "--save_freq=40", f"--output_dir={run}",
+                         "--resume=auto", workdir=tmp_path, timeout=420)
     assert f"--resume=auto: continuing from {run / 'checkpoints' / saved[0]}" in resumed.stdout + resumed.stderr
     assert_bit_identical(run, uninterrupted)

@@ -10,18 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_ACT, launch_env, read_metrics, run_cli
+from conftest import TINY_ACT, built_once, launch_env, pool_train, read_metrics, run_cli
 
 SMALL = [*TINY_ACT, "--dataset.num_episodes=2", "--dataset.episode_length=20", "--batch_size=4", "--log_freq=1",
          "--save_freq=2", "--num_workers=0"]
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("resume_flags") / "run"
-    result = run_cli("train", f"--output_dir={out}", *SMALL, "--steps=4", env=launch_env(out.parent))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out
+def trained(tmp_path_factory, rank_pools) -> Path:
+    """In a rank pool (``tests/rank_pool.py``): the resumes are what runs the console script."""
+
+    def build(root: Path) -> None:
+        pool_train(rank_pools, 1, f"--output_dir={root / 'run'}", *SMALL, "--steps=4", workdir=root)
+
+    return built_once(tmp_path_factory, "resume_flags_trained", build) / "run"
 
 
 def copy_of(run: Path, tmp_path: Path) -> Path:

@@ -27,7 +27,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 
 from checkpoint_state import full_weights
-from conftest import TINY_ACT, launch_env, run_cli, torchrun_train
+from conftest import TINY_ACT, built_once, launch_env, pool_train, run_cli, torchrun_train
 from lerobot_kit.core.layout.manifest import MANIFEST, write_manifest
 
 SMALL_DATA = ["--dataset.num_episodes=2", "--dataset.episode_length=20"]
@@ -44,14 +44,14 @@ class _Payload:
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory) -> Path:
-    """A one-process run of 2 steps, saved (synchronously) at step 2."""
-    root = tmp_path_factory.mktemp("trust")
-    out = root / "run"
-    result = run_cli("train", f"--output_dir={out}", *TINY_ACT, *SMALL_DATA, "--batch_size=8", "--steps=2",
-                     "--save_freq=2", env=launch_env(root))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out
+def saved(tmp_path_factory, rank_pools) -> Path:
+    """A one-process run of 2 steps, saved (synchronously) at step 2 (in a rank pool, ``tests/rank_pool.py``)."""
+
+    def build(root: Path) -> None:
+        pool_train(rank_pools, 1, f"--output_dir={root / 'run'}", *TINY_ACT, *SMALL_DATA, "--batch_size=8",
+                   "--steps=2", "--save_freq=2", workdir=root)
+
+    return built_once(tmp_path_factory, "resume_trust_saved", build) / "run"
 
 
 def copy_run(saved: Path, dest: Path) -> Path:

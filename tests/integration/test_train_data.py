@@ -9,7 +9,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from conftest import launch_env, read_metrics, run_cli
+from conftest import launch_env, pool_train, read_metrics, run_cli
 from lerobot_dataset_factory import VIDEO_KEY, write_lerobot_dataset
 
 TINY_DIFFUSION = ["--policy.type=diffusion", "--policy.dim_model=32", "--policy.n_heads=4",
@@ -26,17 +26,21 @@ def train(output_dir: Path, *args: str, check: bool = True) -> subprocess.Comple
     return result
 
 
-def test_camera_history_with_workers_and_augmentations_resumes_exactly(tmp_path: Path) -> None:
+def test_camera_history_with_workers_and_augmentations_resumes_exactly(tmp_path: Path, rank_pools) -> None:
+    """In a rank pool (``tests/rank_pool.py``): three runs, one process started."""
     root = tmp_path / "data"
     write_lerobot_dataset(root, LENGTHS, image=True, video=True)
     common = ["--dataset.repo_id=user/x", f"--dataset.root={root}", *TINY_DIFFUSION, "--num_workers=2",
               "--dataset.image_transforms.enable=true", "--batch_size=4", "--log_freq=1", "--seed=3"]
     straight, split = tmp_path / "straight", tmp_path / "split"
-    result = train(straight, *common, "--steps=12", "--save_freq=12")
+    result = pool_train(rank_pools, 1, f"--output_dir={straight}", *common, "--steps=12", "--save_freq=12",
+                        workdir=tmp_path)
     assert "data_s " in result.stderr
-    train(split, *common, "--steps=5", "--save_freq=5")  # stops mid-epoch; the resume crosses into epoch 1
+    # Stops mid-epoch; the resume crosses into epoch 1.
+    pool_train(rank_pools, 1, f"--output_dir={split}", *common, "--steps=5", "--save_freq=5", workdir=tmp_path)
     config = split / "checkpoints/last/pretrained_model/train_config.json"
-    train(split, "--resume=true", f"--config_path={config}", "--steps=12", "--save_freq=12")
+    pool_train(rank_pools, 1, "--resume=true", f"--config_path={config}", "--steps=12", "--save_freq=12",
+               workdir=tmp_path)
     assert [m["loss"] for m in read_metrics(straight)] == [m["loss"] for m in read_metrics(split)]
     assert all(m["data_s"] >= 0 for m in read_metrics(split))
     for name in ("pretrained_model/model.safetensors", "training_state/optimizer_state.safetensors"):

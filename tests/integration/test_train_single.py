@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from conftest import launch_env, run_cli
+from conftest import launch_env, pool_train, run_cli
 
 TINY = ["--policy.dim_model=32", "--policy.dim_feedforward=64", "--policy.n_encoder_layers=2",
         "--policy.n_vae_encoder_layers=1", "--policy.chunk_size=5", "--policy.n_action_steps=5",
@@ -61,13 +61,16 @@ def test_default_task_learns_and_writes_the_documented_layout(tmp_path):
     assert broken.returncode != 0 and "model.safetensors" in broken.stdout + broken.stderr
 
 
-def test_resume_is_exact_across_an_epoch_boundary(tmp_path):
+def test_resume_is_exact_across_an_epoch_boundary(tmp_path, rank_pools):
+    """In a rank pool (``tests/rank_pool.py``): three runs, one process started."""
     common = [*TINY, *SMALL_DATA, "--log_freq=1", "--batch_size=8", "--seed=3"]
     straight, split = tmp_path / "straight", tmp_path / "split"
-    train(straight, *common, "--steps=12", "--save_freq=12")
-    train(split, *common, "--steps=6", "--save_freq=6")  # stops mid epoch 2 (5 steps per epoch)
+    pool_train(rank_pools, 1, f"--output_dir={straight}", *common, "--steps=12", "--save_freq=12", workdir=tmp_path)
+    # Stops mid epoch 2 (5 steps per epoch).
+    pool_train(rank_pools, 1, f"--output_dir={split}", *common, "--steps=6", "--save_freq=6", workdir=tmp_path)
     config = split / "checkpoints" / "last" / "pretrained_model" / "train_config.json"
-    train(split, "--resume=true", f"--config_path={config}", "--steps=12", "--save_freq=12")
+    pool_train(rank_pools, 1, "--resume=true", f"--config_path={config}", "--steps=12", "--save_freq=12",
+               workdir=tmp_path)
     assert [m["loss"] for m in metrics(straight)] == [m["loss"] for m in metrics(split)]
     for name in ("pretrained_model/model.safetensors", "training_state/optimizer_state.safetensors"):
         a = load_file(straight / "checkpoints" / "000012" / name)

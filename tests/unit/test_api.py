@@ -24,12 +24,13 @@ STABLE = {
     # What the built-in plugins need beyond the above (they import nothing else):
     "STAT_NAMES", "vector_stats", "PixelStats", "camera_to_float", "EpisodeWindows", "expand_delta_indices",
     "DEFAULT_MASTER_PORT", "Observation", "Info", "feature_dims",
+    "train",  # what `lerobot train` runs, for notebooks and sweeps (docs/parallelism.md)
     "UnitGroup",
 }
 
 LAZY = {"Policy", "PolicyProcessor", "CheckpointFormat", "write_gathered", "write_shards", "load_any_weights", "read_safetensors",
         "is_peft_model", "ModelWeights", "model_weights", "gathered_state", "write_weights_file",
-        "load_state", "feature_dims"}
+        "load_state", "feature_dims", "train"}
 TORCH_FREE = f"""
 import sys
 from lerobot_kit.api import {", ".join(sorted(STABLE - LAZY))}
