@@ -175,7 +175,7 @@ def _read_policy(directory: Path) -> tuple[PolicyConfig, DatasetMeta]:
     try:
         meta = DatasetMeta.from_json(_read_json(directory / DATASET_META))
     except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{directory / DATASET_META}: malformed ({type(exc).__name__}: {exc})") from None
+        raise CheckpointError(f"{directory / DATASET_META}: malformed ({type(exc).__name__}: {exc})") from exc
     return config, meta
 
 

@@ -56,8 +56,8 @@ def load_dcp(state: dict[str, Any], dcp_dir: Path, *, what: str, fix: str) -> No
     except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
         cause = _root_cause(exc)
         if isinstance(cause, CheckpointError):
-            raise type(cause)(str(cause)) from None
-        raise CheckpointError(f"{dcp_dir}: cannot load the {what} ({type(cause).__name__}: {first_line(cause)})") from None
+            raise type(cause)(str(cause)) from exc
+        raise CheckpointError(f"{dcp_dir}: cannot load the {what} ({type(cause).__name__}: {first_line(cause)})") from exc
 
 
 def torch_metadata(checked: standin.Metadata, dcp_dir: Path) -> tm.Metadata:
@@ -177,7 +177,7 @@ class _WeightsOnlyPlanner(DefaultLoadPlanner):
             raise UnsafeShardEntryError(
                 f"{self._dcp_dir / shard}: refusing to load entry {fqn!r}, which is not plain data "
                 f"({first_line(exc, 160)}); the checkpoint is damaged or was crafted to run code"
-            ) from None
+            ) from exc
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[fqn], loaded)
         else:

@@ -81,7 +81,7 @@ class _Fault:
     def error(self) -> LerobotError:
         try:
             return self.error_type(self.message)
-        except Exception:  # noqa: BLE001 - a subclass with another constructor
+        except TypeError:  # a subclass whose constructor takes other arguments
             return DataError(self.message)
 
 

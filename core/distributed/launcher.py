@@ -81,5 +81,5 @@ def env_int(env: Mapping[str, str], key: str, default: int | None = None) -> int
         return default
     try:
         return int(raw)
-    except ValueError:
-        raise ConfigError(f"environment variable {key}={raw!r} is not an integer") from None
+    except ValueError as exc:
+        raise ConfigError(f"environment variable {key}={raw!r} is not an integer") from exc

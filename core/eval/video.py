@@ -18,10 +18,10 @@ def import_av() -> ModuleType:
     """PyAV, or one line saying how to get it or how to do without videos."""
     try:
         import av
-    except ImportError:
+    except ImportError as exc:
         raise ConfigError(
             "rollout videos need PyAV: pip install 'lerobot-kit[video]', or pass --eval.max_episodes_rendered=0"
-        ) from None
+        ) from exc
     return av
 
 

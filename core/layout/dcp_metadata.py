@@ -210,10 +210,10 @@ class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         try:
             return _ALLOWED[(module, name)]
-        except KeyError:
+        except KeyError as exc:
             raise UnsafeMetadataError(
                 f"refusing to load {module}.{name} from {DCP_METADATA}: not a checkpoint-metadata class"
-            ) from None
+            ) from exc
 
 
 def read_dcp_metadata(dcp_dir: Path, label: str | None = None) -> Metadata:
@@ -229,13 +229,13 @@ def read_dcp_metadata(dcp_dir: Path, label: str | None = None) -> Metadata:
         with meta_path.open("rb") as f:
             metadata = _MetadataUnpickler(f).load()
     except UnsafeMetadataError as err:
-        raise UnsafeMetadataError(f"{name}: {err}") from None
-    except FileNotFoundError:
-        raise CheckpointError(f"{name}: {DCP_METADATA} is missing, so the shards cannot be read") from None
+        raise UnsafeMetadataError(f"{name}: {err}") from err
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{name}: {DCP_METADATA} is missing, so the shards cannot be read") from exc
     except OSError as err:
-        raise CheckpointError(f"{name}/{DCP_METADATA}: cannot be read: {err.strerror or err}") from None
+        raise CheckpointError(f"{name}/{DCP_METADATA}: cannot be read: {err.strerror or err}") from err
     except Exception as err:  # a damaged pickle fails in many ways; all mean the same to the user
-        raise CheckpointError(f"{name}/{DCP_METADATA}: not a readable DCP metadata file ({err!r})") from None
+        raise CheckpointError(f"{name}/{DCP_METADATA}: not a readable DCP metadata file ({err!r})") from err
     _check_structure(name, metadata)
     return metadata
 

@@ -136,10 +136,10 @@ def read_manifest(step_dir: Path) -> dict[str, FileDigest]:
     path = Path(step_dir) / MANIFEST
     try:
         body = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise NoManifestError(f"{Path(step_dir)}: no {MANIFEST}, so its files cannot be verified") from None
+    except FileNotFoundError as exc:
+        raise NoManifestError(f"{Path(step_dir)}: no {MANIFEST}, so its files cannot be verified") from exc
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise CheckpointError(f"{path}: not a readable checksum manifest ({exc})") from None
+        raise CheckpointError(f"{path}: not a readable checksum manifest ({exc})") from exc
     files = body.get("files") if isinstance(body, dict) else None
     if not isinstance(body, dict) or body.get("algorithm") != ALGORITHM or not isinstance(files, dict):
         raise CheckpointError(f'{path}: not a checksum manifest (expected {{"algorithm": "{ALGORITHM}", "files": ...}})')

@@ -67,11 +67,11 @@ def read_safetensors_header(path: Path, label: str | None = None) -> dict[str, A
                 )
             raw = f.read(header_len)
     except OSError as err:
-        raise CheckpointError(f"{name}: cannot be read: {err.strerror or err}") from None
+        raise CheckpointError(f"{name}: cannot be read: {err.strerror or err}") from err
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{name}: header is not valid JSON: {err}") from None
+        raise CheckpointError(f"{name}: header is not valid JSON: {err}") from err
     if not isinstance(header, dict):
         raise CheckpointError(f"{name}: header is a JSON {type(header).__name__}, not an object")
     _check_metadata(name, header.get(METADATA_KEY))

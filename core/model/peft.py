@@ -53,8 +53,8 @@ METHODS: dict[str, str] = PEFT_METHODS
 def import_peft() -> ModuleType:
     try:
         import peft
-    except ImportError:
-        raise ConfigError(f"--peft.method_type needs the peft package, which is not installed: {INSTALL_HINT}") from None
+    except ImportError as exc:
+        raise ConfigError(f"--peft.method_type needs the peft package, which is not installed: {INSTALL_HINT}") from exc
     return peft
 
 
@@ -115,7 +115,7 @@ def wrap_policy(policy: Policy, peft_config: PeftConfig, base_path: Path) -> nn.
     try:
         return peft.PeftModel(policy, config, adapter_name=ADAPTER_NAME)
     except ValueError as exc:  # e.g. a target that is a container, not a layer peft can adapt
-        raise ConfigError(f"--peft.method_type={peft_config.method_type}: peft cannot adapt this policy: {exc}") from None
+        raise ConfigError(f"--peft.method_type={peft_config.method_type}: peft cannot adapt this policy: {exc}") from exc
 
 
 def _method_config(peft: ModuleType, peft_config: PeftConfig, targets: list[str] | str, base_path: Path) -> Any:
@@ -149,7 +149,7 @@ def _check_matches(policy: nn.Module, pattern: list[str] | str, flag: str) -> No
         try:
             re.compile(pattern)
         except re.error as exc:
-            raise ConfigError(f"{flag}={pattern!r} is not a valid regex: {exc}") from None
+            raise ConfigError(f"{flag}={pattern!r} is not a valid regex: {exc}") from exc
         missing = [] if any(_module_matches(p, pattern) for p in paths) else [pattern]
     else:
         missing = [name for name in pattern if not any(_module_matches(p, [name]) for p in paths)]

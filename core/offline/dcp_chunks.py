@@ -109,7 +109,7 @@ class ChunkReader:
                 map_location="cpu",
                 weights_only=True,
             )
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - torch.load fails on damaged bytes with many types
             raise CheckpointError(f"{where}: cannot be read, corrupt shard file? ({_one_line(exc)})") from exc
         if not isinstance(tensor, torch.Tensor) or tensor.dtype != dtype or tuple(tensor.shape) != tuple(chunk.sizes):
             found = f"{tensor.dtype} {list(tensor.shape)}" if isinstance(tensor, torch.Tensor) else type(tensor).__name__

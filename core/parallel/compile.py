@@ -30,17 +30,17 @@ def check_compile_supported(device: torch.device) -> None:
     try:
         check_if_dynamo_supported()
     except RuntimeError as exc:
-        raise ConfigError(f"{_FLAG}: torch.compile cannot run here ({exc}); drop the flag") from None
+        raise ConfigError(f"{_FLAG}: torch.compile cannot run here ({exc}); drop the flag") from exc
     if device.type == "cpu":
         from torch._inductor.cpp_builder import get_cpp_compiler
 
         try:
             get_cpp_compiler()
-        except Exception:  # inductor raises its own InvalidCxxCompiler, or OSError from the probe
+        except Exception as exc:  # inductor raises its own InvalidCxxCompiler, or OSError from the probe
             raise ConfigError(
                 f"{_FLAG} on CPU needs a C++ compiler (g++ or $CXX) to build the compiled kernels, and none "
                 "runs here: install one, or drop the flag"
-            ) from None
+            ) from exc
     elif device.type == "cuda":
         from torch.utils._triton import has_triton
 

@@ -143,7 +143,7 @@ class StepTracer:
                     loss, _logs = model(batch)
                 loss.backward()
         except (DataDependentOutputException, DynamicOutputShapeException) as exc:
-            raise UntraceableStep(f"the policy's step depends on tensor values ({exc})") from None
+            raise UntraceableStep(f"the policy's step depends on tensor values ({exc})") from exc
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         peak = timeline.peak_bytes(excluding=grads)
         model.zero_grad(set_to_none=True)

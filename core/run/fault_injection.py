@@ -90,8 +90,8 @@ class Fault:
 def _int(text: str, key: str, value: str) -> int:
     try:
         return int(value)
-    except ValueError:
-        raise ConfigError(f"{ENV}={text!r}: {key} must be an integer") from None
+    except ValueError as exc:
+        raise ConfigError(f"{ENV}={text!r}: {key} must be an integer") from exc
 
 
 class FaultInjector:

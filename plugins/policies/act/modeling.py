@@ -182,11 +182,11 @@ def _make_backbone(name: str) -> tuple[nn.Module, int]:
         return ConvBackbone(), ConvBackbone.out_channels
     try:
         import torchvision
-    except ImportError:
+    except ImportError as exc:
         raise ConfigError(
             "policy.vision_backbone=resnet18 needs torchvision: pip install torchvision "
             "(or the lerobot-kit[vision] extra), or use --policy.vision_backbone=conv"
-        ) from None
+        ) from exc
     # Randomly initialised (no weight download); everything up to the last residual stage.
     resnet = torchvision.models.resnet18(weights=None)
     return nn.Sequential(*list(resnet.children())[:-2]), 512

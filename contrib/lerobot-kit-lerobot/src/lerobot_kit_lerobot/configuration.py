@@ -135,7 +135,7 @@ def read_lerobot_config(path: Path) -> dict[str, Any]:
             try:
                 saved = json.loads(candidate.read_text())
             except json.JSONDecodeError as exc:
-                raise ValueError(f"--policy.path: {candidate} is not valid JSON ({exc.msg})") from None
+                raise ValueError(f"--policy.path: {candidate} is not valid JSON ({exc.msg})") from exc
             if not isinstance(saved, dict):
                 raise ValueError(f"--policy.path: {candidate} is not a JSON object")
             return saved

@@ -45,7 +45,7 @@ def to_lerobot_config(config: LerobotPolicyConfig, meta: DatasetMeta | None = No
     except (ValueError, TypeError, NotImplementedError, draccus.ParsingError) as exc:
         # draccus wraps what __post_init__ raised; LeRobot's own message is the cause.
         reason = exc.__cause__ if isinstance(exc, draccus.ParsingError) and exc.__cause__ else exc
-        raise ValueError(f"LeRobot's {config_class.__name__} refuses these settings: {reason}") from None
+        raise ValueError(f"LeRobot's {config_class.__name__} refuses these settings: {reason}") from exc
     if meta is not None:
         features = dataset_to_policy_features(lerobot_features(meta))
         # As LeRobot's make_policy does: actions are outputs, every other feature an input.
@@ -59,7 +59,7 @@ def to_lerobot_config(config: LerobotPolicyConfig, meta: DatasetMeta | None = No
         except ValueError as exc:
             raise ConfigError(
                 f"policy.type={config.type} cannot use this dataset (features {sorted(meta.features)}): {exc}"
-            ) from None
+            ) from exc
     return lerobot_config
 
 

@@ -83,8 +83,8 @@ def read_widened(path: Path) -> dict[str, torch.Tensor]:
         metadata = f.metadata() or {}
     try:
         narrowed = json.loads(metadata.get(NARROWED_KEY, "[]"))
-    except json.JSONDecodeError:
-        raise CheckpointError(f"{path}: metadata {NARROWED_KEY!r} is not valid JSON; the file is damaged") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: metadata {NARROWED_KEY!r} is not valid JSON; the file is damaged") from exc
     for name in narrowed:
         if name in tensors:
             tensors[name] = tensors[name].to(torch.float32)
