@@ -1,5 +1,6 @@
-"""The LeRobot bridge README's memory table: ``lerobot plan`` for LeRobot's π0.5 at its full
-default size (SigLIP + gemma_2b + gemma_300m, 4.14 B parameters) in several layouts, offline.
+"""The LeRobot bridge README's memory tables: ``lerobot plan`` for LeRobot's π0.5 (SigLIP +
+gemma_2b + gemma_300m, 4.14 B parameters) or SmolVLA (SmolVLM2-500M's first 16 layers and
+an expert, 0.45 B) at their full default sizes in several layouts, offline.
 
 Each row holds what ``lerobot plan --world_size=N ... --plan.device_memory_gb=G`` prints,
 from the same functions (``plan_model`` for the per-rank bytes, ``StepTracer`` for the
@@ -9,9 +10,9 @@ layout does not change) are shared by its rows. No weights, no tokenizer and no 
 are needed; a dataset gives the features (``--dataset.root``, e.g. the one the bridge's
 ``tools/toy_dataset.py`` writes). Needs LeRobot and the bridge: run it with the python of
 the venv ``contrib/lerobot-kit-lerobot/ci.sh`` builds. The LoRA row starts from a ``--policy.path`` folder holding
-only LeRobot's ``config.json`` for π0.5 (a plan never reads weights).
+only LeRobot's ``config.json`` for the policy at its defaults (a plan never reads weights).
 
-    $VENV/bin/python benchmarks/vla_plan_table.py --dataset.root=DATA [--repo_id=bridge/reach]
+    $VENV/bin/python benchmarks/vla_plan_table.py --dataset.root=DATA [--repo_id=bridge/reach] [--policy=smolvla]
 """
 
 from __future__ import annotations
@@ -27,26 +28,36 @@ import torch
 
 GIB = 2**30
 DEVICES_GIB = (80, 141)
-COMMON = ["--policy.type=lerobot_pi05", "--batch_size=1", "--accelerator.mixed_precision=bf16"]
+COMMON = ["--batch_size=1", "--accelerator.mixed_precision=bf16"]
 # training mode -> its flags, and the layouts it is planned in: (world size, layout flags)
 LAYOUTS = {
     8: [["--parallelism.dp_shard=8"]],
     16: [["--parallelism.dp_shard=16"], ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=8"]],
     64: [["--parallelism.dp_shard=64"], ["--parallelism.dp_replicate=8", "--parallelism.dp_shard=8"]],
 }
-MODES: dict[str, tuple[list[str], dict[int, list[list[str]]]]] = {
-    "full fine-tuning": ([], LAYOUTS),
-    "train_expert_only": (["--policy.train_expert_only=true"], {8: LAYOUTS[8]}),
-    "LoRA r=16, LeRobot's targets": (["LORA"], {8: LAYOUTS[8]}),
+Modes = dict[str, tuple[list[str], dict[int, list[list[str]]]]]
+LORA = "LoRA r=16, LeRobot's targets"
+# LeRobot type -> its training modes. π0.5 fine-tunes everything by default, SmolVLA only its expert.
+MODES: dict[str, Modes] = {
+    "pi05": {
+        "full fine-tuning": ([], LAYOUTS),
+        "train_expert_only": (["--policy.train_expert_only=true"], {8: LAYOUTS[8]}),
+        LORA: (["LORA"], {8: LAYOUTS[8]}),
+    },
+    "smolvla": {
+        "full fine-tuning": (["--policy.train_expert_only=false"], LAYOUTS),
+        "train_expert_only (LeRobot's default)": ([], LAYOUTS),
+        LORA: (["LORA"], {8: LAYOUTS[8]}),
+    },
 }
 
 
-def lerobot_pi05_folder(target: Path) -> Path:
-    """A ``pretrained_model/`` with only LeRobot's ``config.json`` for π0.5 at its defaults."""
-    from lerobot.policies.pi05.configuration_pi05 import PI05Config
+def lerobot_config_folder(lerobot_type: str, target: Path) -> Path:
+    """A ``pretrained_model/`` with only LeRobot's ``config.json`` for the type at its defaults."""
+    from lerobot.policies.factory import make_policy_config
 
     target.mkdir(parents=True, exist_ok=True)
-    PI05Config(device="cpu")._save_pretrained(target)
+    make_policy_config(lerobot_type, device="cpu")._save_pretrained(target)
     return target
 
 
@@ -88,7 +99,7 @@ def traces(spec: Any, meta: Any, built: Any) -> tuple[Callable[[int], int], Call
     return Traced(StepTracer(step, None)), Traced(StepTracer(step, built.wrap.paths, built.wrap.groups))
 
 
-def rows(dataset: list[str], base: Path) -> list[str]:
+def rows(lerobot_type: str, dataset: list[str], base: Path) -> list[str]:
     from lerobot_kit.core.plan.batch_fit import largest_batch
     from lerobot_kit.core.plan.memory_plan import plan_model
 
@@ -97,12 +108,13 @@ def rows(dataset: list[str], base: Path) -> list[str]:
         "| largest batch in 80 GiB (no AC / AC) | largest batch in 141 GiB (no AC / AC) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for label, (extra, layouts) in MODES.items():
+    for label, (extra, layouts) in MODES[lerobot_type].items():
         mode = [f"--policy.path={base}", "--peft.method_type=LORA", "--peft.r=16"] if extra == ["LORA"] else extra
         plain = checkpointed = None
         for world, flag_sets in layouts.items():
             for layout in flag_sets:
-                spec, meta, built = built_run([*COMMON, *dataset, *mode, *layout], world)
+                policy = [f"--policy.type=lerobot_{lerobot_type}", *COMMON]
+                spec, meta, built = built_run([*policy, *dataset, *mode, *layout], world)
                 if plain is None:
                     plain, checkpointed = traces(spec, meta, built)
                 sharding = plan_model(built.model, spec.dims, spec.config.accelerator, built.wrap)
@@ -125,10 +137,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset.root", dest="root", required=True)
     parser.add_argument("--repo_id", default="bridge/reach")
+    parser.add_argument("--policy", choices=sorted(MODES), default="pi05", help="LeRobot's policy type")
     args = parser.parse_args()
     dataset = [f"--dataset.repo_id={args.repo_id}", f"--dataset.root={args.root}"]
     with tempfile.TemporaryDirectory() as scratch:
-        table = rows(dataset, lerobot_pi05_folder(Path(scratch) / "pretrained_model"))
+        table = rows(args.policy, dataset, lerobot_config_folder(args.policy, Path(scratch) / "pretrained_model"))
     print("\n".join(table))
 
 

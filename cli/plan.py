@@ -7,6 +7,7 @@ imported only when a plan is computed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -288,7 +289,11 @@ def run_plan(args: list[str]) -> None:
         config = parse_train_config(flags.train_args)  # before torch is imported: bad flags answer at once
         from lerobot_kit.core.plan.memory_plan import plan_run
 
-        plan = plan_run(config, flags.world_size, flags.device_memory_gb)
+        # With --json, stdout is one JSON object: what a plugin's code prints while the model is
+        # built and traced (LeRobot's SmolVLA announces its layer count) goes to stderr.
+        printed = contextlib.redirect_stdout(sys.stderr) if flags.as_json else contextlib.nullcontext()
+        with printed:
+            plan = plan_run(config, flags.world_size, flags.device_memory_gb)
         if flags.as_json:
             click.echo(json.dumps(plan.to_json(), indent=2))
         else:

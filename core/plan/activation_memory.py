@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.utils._pytree import tree_map
 
@@ -41,7 +42,7 @@ from lerobot_kit.core.errors import ConfigError
 from lerobot_kit.core.parallel.activation_checkpointing import apply_activation_checkpointing
 from lerobot_kit.core.parallel.activation_checkpointing import checkpoint_groups as checkpoint_groups_of
 from lerobot_kit.core.parallel.unit_group import UnitGroup
-from lerobot_kit.core.plan.live_bytes import StorageTimeline
+from lerobot_kit.core.plan.live_bytes import StorageTimeline, UnboundedSize
 
 ItemShapes = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
@@ -118,7 +119,11 @@ class StepTracer:
         self, step: TrainStep, checkpoint_units: Sequence[str] | None, checkpoint_groups: Sequence[UnitGroup] = ()
     ) -> None:
         self._step = step
-        self._mode = FakeTensorMode(allow_non_fake_inputs=True)  # the processor's stats are real tensors
+        # allow_non_fake_inputs: the processor's stats are real tensors. The shape environment
+        # gives an op whose output size depends on values (boolean-mask indexing, as SmolVLM's
+        # vision embeddings do) a symbolic size, counted at its largest; static_shapes keeps
+        # every other size concrete.
+        self._mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
         self._model = copy.deepcopy(step.model)
         if checkpoint_units:
             apply_activation_checkpointing(self._model, list(checkpoint_units))
@@ -142,12 +147,19 @@ class StepTracer:
                 with autocast:
                     loss, _logs = model(batch)
                 loss.backward()
-        except (DataDependentOutputException, DynamicOutputShapeException) as exc:
-            raise UntraceableStep(f"the policy's step depends on tensor values ({exc})") from exc
+        except (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode,
+                UnboundedSize) as exc:
+            raise UntraceableStep(f"the policy's step depends on tensor values ({_first_line(exc)})") from exc
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         peak = timeline.peak_bytes(excluding=grads)
         model.zero_grad(set_to_none=True)
         return peak
+
+
+def _first_line(exc: Exception) -> str:
+    """An exception's first line: torch's data-dependent errors explain themselves for pages."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _cast_floats(dtype: torch.dtype, tree: Any) -> Any:

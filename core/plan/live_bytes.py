@@ -10,7 +10,8 @@ when its last tensor goes (a saved tensor released by autograd, a temporary drop
 Python); a weakref callback on the storage records that moment. Counting storages, not
 tensors, counts views once. Under ``FakeTensorMode`` nothing is allocated for real, yet
 the storages report the bytes the real ones would take and die when they would, so the
-peak of a fake step is the peak of the real one.
+peak of a fake step is the peak of the real one (a size that depends on tensor values
+counts at its largest: ``largest_bytes``).
 
 The events are kept rather than only a running maximum, so that storages found to
 serve another purpose afterwards (parameter gradients, which the plan counts at their
@@ -28,6 +29,24 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 _DEVICE_QUERY = torch.ops.prim.device.default
+
+
+class UnboundedSize(Exception):
+    """A storage whose size depends on tensor values without a known largest value."""
+
+
+def largest_bytes(size: int | torch.SymInt) -> int:
+    """A storage's bytes. Under ``FakeTensorMode`` with a shape environment, an op whose output
+    size depends on tensor values (``x[mask]``: ``aten.nonzero``) makes a symbolic size, with
+    the range the op allows (at most every element selected): such a size counts at its
+    largest, so the peak is one the real step cannot exceed."""
+    if isinstance(size, int):
+        return size
+    node = size.node
+    upper = node.shape_env.bound_sympy(node.expr).upper
+    if not upper.is_integer or not upper.is_finite:
+        raise UnboundedSize(f"a tensor of {node.expr} bytes, with no largest value")
+    return int(upper)
 
 
 def _storages(tree: Any) -> list[torch.UntypedStorage]:
@@ -58,7 +77,7 @@ class StorageTimeline(TorchDispatchMode):
         return out
 
     def _record(self, storage: torch.UntypedStorage) -> None:
-        number, size, key = self._allocations, storage.nbytes(), id(storage)
+        number, size, key = self._allocations, largest_bytes(storage.nbytes()), id(storage)
         self._allocations += 1
         self._events.append((number, size))
 

@@ -160,6 +160,34 @@ def test_a_step_that_reads_tensor_values_is_untraceable() -> None:
         StepTracer(_step(model, None), None).peak_bytes(2)
 
 
+class _SelectsByMask(nn.Module):
+    """Boolean-mask indexing (``aten.nonzero``): how many rows it keeps depends on values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 256)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        hidden = self.linear(batch["x"])
+        return hidden[batch["x"][:, :1].expand_as(hidden) > 0].sum(), {}
+
+
+def test_a_size_that_depends_on_values_counts_at_its_largest() -> None:
+    with torch.device("meta"):
+        model = _SelectsByMask()
+    peak = StepTracer(_step(model, None), None).peak_bytes(64)
+    # The real step, every row kept (the largest selection): the traced peak is not below it.
+    real = _SelectsByMask()
+    timeline = StorageTimeline()
+    with timeline:
+        batch = {"x": torch.ones(64, 8)}
+        loss, _ = real(batch)
+        loss.backward()
+    grads = [p.grad for p in real.parameters()]
+    selected_bytes = 64 * 256 * 4
+    assert peak >= timeline.peak_bytes(excluding=grads) > selected_bytes
+
+
 def _convex(batch_size: int) -> int:
     """Linear, then steeper past 300: a peak that moves to another moment of the step."""
     return 5_000 + 1_000 * batch_size + 4_000 * max(0, batch_size - 300)

@@ -7,6 +7,7 @@ to skip a torch import per case; the console script itself is tested in
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -78,6 +79,21 @@ def test_a_step_that_reads_tensor_values_is_planned_without_activations(monkeypa
     assert "  not traced: the policy's step depends on tensor values" in result.stdout
     assert "largest --batch_size in 1 GiB per rank: unknown, the step was not traced" in result.stdout
     assert "total" in result.stdout  # the parameter, gradient and AdamW rows are there
+
+
+def test_json_stdout_is_one_object_when_the_policy_prints(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As LeRobot's SmolVLA, whose constructor prints a line: with --json it goes to stderr."""
+    init = ACTPolicy.__init__
+
+    def announcing(self: ACTPolicy, *args: Any, **kwargs: Any) -> None:
+        print("building ACT ...")
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(ACTPolicy, "__init__", announcing)
+    result = CliRunner().invoke(cli_group, ["plan", "--world_size=2", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["world_size"] == 2
+    assert "building ACT ..." in result.stderr
 
 
 def test_the_plan_traces_the_preprocessor_the_policy_makes(monkeypatch: pytest.MonkeyPatch) -> None:

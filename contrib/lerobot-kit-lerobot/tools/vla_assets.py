@@ -6,7 +6,9 @@ own ``save_pretrained`` so the runs and LeRobot read them as they would the real
 * ``write_smolvlm``: a SmolVLM config (Llama text model, SmolVLM vision encoder) at a
   tiny size and its processor (image processor, video processor, this tokenizer with
   SmolVLM's image tokens), in the place of ``HuggingFaceTB/SmolVLM2-500M-Video-Instruct``
-  (SmolVLA takes it through its own ``--policy.vlm_model_name``).
+  (SmolVLA takes it through its own ``--policy.vlm_model_name``);
+* ``write_shipped_smolvlm``: the full-size architecture the bridge ships for that VLM, as a
+  local folder LeRobot reads itself (the tests count LeRobot's own construction from it).
 
 No weights: SmolVLA builds its VLM from the config (``load_vlm_weights=false``, LeRobot's
 default) and π0/π0.5 start from random weights.
@@ -52,8 +54,7 @@ def write_tokenizer(folder: Path) -> Path:
 
 
 def write_smolvlm(folder: Path, *, text_layers: int = 4, width: int = 64, vision_layers: int = 2) -> Path:
-    from transformers import SmolVLMConfig, SmolVLMImageProcessor, SmolVLMProcessor
-    from transformers.models.smolvlm.video_processing_smolvlm import SmolVLMVideoProcessor
+    from transformers import SmolVLMConfig
 
     tokenizer = make_tokenizer()
     config = SmolVLMConfig(
@@ -71,7 +72,25 @@ def write_smolvlm(folder: Path, *, text_layers: int = 4, width: int = 64, vision
         pad_token_id=tokenizer.pad_token_id,
     )
     config.save_pretrained(folder)
-    processor = SmolVLMProcessor(image_processor=SmolVLMImageProcessor(), tokenizer=tokenizer,
+    write_smolvlm_processor(folder, tokenizer)
+    return folder
+
+
+def write_smolvlm_processor(folder: Path, tokenizer: Any = None) -> Path:
+    """A SmolVLM processor (image and video processors, ``tokenizer`` with SmolVLM's image tokens)."""
+    from transformers import SmolVLMImageProcessor, SmolVLMProcessor
+    from transformers.models.smolvlm.video_processing_smolvlm import SmolVLMVideoProcessor
+
+    processor = SmolVLMProcessor(image_processor=SmolVLMImageProcessor(), tokenizer=tokenizer or make_tokenizer(),
                                  video_processor=SmolVLMVideoProcessor(), image_seq_len=4)
     processor.save_pretrained(folder)
     return folder
+
+
+def write_shipped_smolvlm(folder: Path) -> Path:
+    """The architecture the bridge ships for SmolVLA's default VLM as a local ``config.json``
+    (with a stand-in processor): what LeRobot reads from a folder, for its own construction."""
+    from lerobot_kit_lerobot.smolvlm_shipped import shipped_config
+
+    shipped_config().save_pretrained(folder)
+    return write_smolvlm_processor(folder)

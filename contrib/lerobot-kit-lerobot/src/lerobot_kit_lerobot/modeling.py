@@ -37,6 +37,7 @@ from lerobot_kit_lerobot.pi_overrides import modeling_module, pi_sizes, pi_token
 from lerobot_kit_lerobot.lerobot_config import to_lerobot_config
 from lerobot_kit_lerobot.processors import LerobotProcessor
 from lerobot_kit_lerobot.schema_gen import check_schema
+from lerobot_kit_lerobot.smolvlm_shipped import shipped_vlm
 from lerobot_kit_lerobot.vla_loss import flow_matching_loss
 
 
@@ -320,6 +321,11 @@ class LerobotSmolVLA(LerobotVLA):
         r"(model\.vlm_with_expert\.lm_expert\..*\.(q|v)_proj|model\.(state_proj|action_in_proj|action_out_proj|"
         r"action_time_mlp_in|action_time_mlp_out))"
     )
+
+    def construction(self) -> contextlib.AbstractContextManager[None]:
+        """LeRobot's default VLM from the architecture the bridge ships (``smolvlm_shipped``):
+        no download to build the model."""
+        return shipped_vlm(self.config.vlm_model_name, self.config.load_vlm_weights)  # type: ignore[attr-defined]
 
     def install_joint(self) -> None:
         flow = self.model

@@ -23,7 +23,8 @@ from lerobot_kit_lerobot.bridge_fields import PiSizes
 
 
 @contextlib.contextmanager
-def _replaced(module: ModuleType, names: dict[str, Any]) -> Iterator[None]:
+def replaced(module: ModuleType, names: dict[str, Any]) -> Iterator[None]:
+    """``module``'s ``names`` set to these values inside the block, restored after it."""
     original = {name: getattr(module, name) for name in names}
     for name, value in names.items():
         setattr(module, name, value)
@@ -74,7 +75,7 @@ def pi_sizes(lerobot_type: str, sizes: PiSizes | None) -> Iterator[None]:
         "PaliGemmaForConditionalGenerationWithPiGemma": sized_paligemma,
         "PiGemmaForCausalLM": sized_expert,
     }
-    with _replaced(module, replacements):
+    with replaced(module, replacements):
         yield
 
 
@@ -88,5 +89,5 @@ def pi_tokenizer(lerobot_type: str, tokenizer_name: str) -> Iterator[None]:
     def step(**kwargs: Any) -> Any:
         return step_class(**{**kwargs, "tokenizer_name": tokenizer_name})
 
-    with _replaced(module, {"TokenizerProcessorStep": step}):
+    with replaced(module, {"TokenizerProcessorStep": step}):
         yield
