@@ -120,6 +120,19 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("runs")
 
 
+def banner_parameters(banner: str) -> tuple[float, float, float]:
+    """(total, trainable, on this rank) from the banner's ``parameters`` line, in units
+    rounded as printed (two decimals of K, M or B)."""
+    line = next(line for line in banner.splitlines() if "parameters " in line and "on this rank" in line)
+    words = line.split("parameters ", 1)[1].split()
+    return _count(words[0]), _count(words[2]), _count(words[4])
+
+
+def _count(text: str) -> float:
+    scale = {"K": 1e3, "M": 1e6, "B": 1e9}
+    return float(text[:-1]) * scale[text[-1]] if text[-1] in scale else float(text)
+
+
 def copy_crashed(run_dir: Path, step: int, target: Path) -> Path:
     """A copy of ``run_dir`` as if it had died right after saving ``step``."""
     shutil.copytree(run_dir, target, symlinks=True)

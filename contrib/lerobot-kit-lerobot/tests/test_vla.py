@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 from torch.distributed.checkpoint import FileSystemReader
 
-from conftest import ACTION_DIM, copy_crashed, losses, tiny_pi, tiny_smolvla, train
+from conftest import ACTION_DIM, banner_parameters, copy_crashed, losses, tiny_pi, tiny_smolvla, train
 from lerobot_side import act_on, assert_same_weights, load_with_lerobot, observation, sharded_weights
 
 STEPS = 16
@@ -45,7 +45,7 @@ def runs(request: pytest.FixtureRequest, work: Path, dataset_root: Path, vla_ass
 def test_fsdp2_shards_each_joint_layer_pair_and_equals_one_process(runs: dict) -> None:
     banner, kind = runs["banner"], runs["kind"]
     assert "layout fsdp" in banner and UNITS[kind] in banner
-    total, trainable, local = _parameters(banner)
+    total, trainable, local = banner_parameters(banner)
     assert local <= total / 2 * 1.01, banner  # every parameter sharded, frozen ones too
     if kind == "smolvla":  # LeRobot's defaults: the VLM frozen (train_expert_only, freeze_vision_encoder)
         assert trainable < total / 2
@@ -97,7 +97,7 @@ def test_hsdp_2x2_with_activation_checkpointing_equals_one_process(
                    "--accelerator.activation_checkpointing=true", nproc=4, root=dataset_root)
     assert "layout hsdp | world 4" in result.stderr and "effective batch 8" in result.stderr
     assert "(run by joint_layer), checkpointed" in result.stderr
-    total, _, local = _parameters(result.stderr)
+    total, _, local = banner_parameters(result.stderr)
     assert local <= total / 2 * 1.01
     assert losses(out) == pytest.approx(losses(runs["single"])[:2], rel=1e-4)
 
@@ -125,7 +125,7 @@ def test_train_expert_only_with_a_bf16_frozen_base_under_fsdp2(work: Path, datas
     result = train(work, *tiny_pi(vla_assets), *RUN[:3], "--steps=3", f"--output_dir={out}",
                    "--parallelism.dp_shard=2", "--batch_size=4", "--policy.dtype=bfloat16",
                    "--policy.train_expert_only=true", "--accelerator.mixed_precision=bf16", nproc=2, root=dataset_root)
-    total, trainable, local = _parameters(result.stderr)
+    total, trainable, local = banner_parameters(result.stderr)
     assert trainable < 0.3 * total and local <= total / 2 * 1.01, result.stderr
     assert len(losses(out)) == 3 and all(torch.isfinite(torch.tensor(losses(out))))
     step = out / "checkpoints" / "000003"
@@ -136,15 +136,3 @@ def test_train_expert_only_with_a_bf16_frozen_base_under_fsdp2(work: Path, datas
     optimizer = FileSystemReader(str(step / "training_state" / "optimizer_0")).read_metadata().state_dict_metadata
     assert any("gemma_expert.model.layers" in key for key in optimizer)
     assert not any("paligemma.model" in key for key in optimizer)  # frozen: no AdamW state
-
-
-def _parameters(banner: str) -> tuple[float, float, float]:
-    """(total, trainable, on this rank) from the banner's ``parameters`` line, in units."""
-    line = next(line for line in banner.splitlines() if "parameters " in line and "on this rank" in line)
-    words = line.split("parameters ", 1)[1].split()
-    return _count(words[0]), _count(words[2]), _count(words[4])
-
-
-def _count(text: str) -> float:
-    scale = {"K": 1e3, "M": 1e6, "B": 1e9}
-    return float(text[:-1]) * scale[text[-1]] if text[-1] in scale else float(text)
