@@ -118,7 +118,7 @@ def test_compiled_runs_train_to_the_eager_losses(compile_runs: dict[str, Path], 
 def test_compile_without_a_cxx_compiler_is_one_line(tmp_path: Path) -> None:
     result = run_cli("train", f"--output_dir={tmp_path / 'x'}", *TINY_ACT, "--steps=1", COMPILE,
                      env=launch_env(tmp_path, {"CXX": str(tmp_path / "no-such-g++")}))
-    assert result.returncode != 0
+    assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if "--accelerator.compile=true" in line]
     assert errors == [

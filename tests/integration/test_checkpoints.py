@@ -291,7 +291,7 @@ def test_old_gathered_optimizer_layout_is_refused_on_resume(tmp_path, straight_f
     config = run / "checkpoints/last/pretrained_model/train_config.json"
     result = torchrun_train(2, "--resume=true", f"--config_path={config}", "--steps=8", workdir=tmp_path,
                             check=False)
-    assert result.returncode != 0
+    assert result.returncode == 1, result.stderr[-2000:]  # torchrun's code for a failed rank
     assert "older gathered-optimizer layout" in result.stderr and "--policy.path" in result.stderr
     assert "lerobot_kit" not in result.stderr.split("Traceback", 1)[-1]
 
@@ -306,7 +306,7 @@ def test_unknown_layout_version_is_refused(tmp_path, straight_fsdp2):
     write_manifest(info_file.parents[1])
     config = run / "checkpoints/last/pretrained_model/train_config.json"
     result = run_cli("train", "--resume=true", f"--config_path={config}", "--steps=8", "--parallelism.dp_shard=null")
-    assert result.returncode != 0
+    assert result.returncode == 1, result.stderr
     assert "layout version 99" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -317,7 +317,7 @@ def test_dcp_only_checkpoint_needs_conversion_before_policy_path(tmp_path, strai
     (step / "pretrained_model/model.safetensors").unlink()
     result = run_cli("train", f"--output_dir={tmp_path / 'finetune'}", f"--policy.path={step}", *SMALL_DATA,
                      "--steps=1")
-    assert result.returncode != 0
+    assert result.returncode == 1, result.stderr
     assert f"lerobot convert-dcp --checkpoint_dir={step}" in result.stderr, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     converted = run_cli("convert-dcp", f"--checkpoint_dir={step}")

@@ -79,7 +79,7 @@ def test_bad_input_is_one_line_with_the_fix(act, tmp_path):
     record = shards_only / "training_state" / "training_step.json"
     record.write_text(json.dumps({**json.loads(record.read_text()), "checkpoint_format": "dcp", "weights": "dcp"}))
     dcp = evaluate(f"--policy.path={shards_only}", workdir=tmp_path)
-    assert dcp.returncode != 0 and f"lerobot convert-dcp --checkpoint_dir={shards_only}" in dcp.stderr
+    assert dcp.returncode == 1 and f"lerobot convert-dcp --checkpoint_dir={shards_only}" in dcp.stderr
     for result in (missing, unknown, taken, dcp):
         assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
 

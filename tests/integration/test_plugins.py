@@ -140,7 +140,7 @@ def test_plugin_config_fields_are_validated_and_listed_in_help(tmp_path):
 def test_plugin_that_fails_to_import_is_named(tmp_path):
     site = make_distribution(tmp_path / "site", "brokenplug", "import does_not_exist_anywhere\n")
     result = run_cli("plugins", env=env_with(site))
-    assert result.returncode != 0
+    assert result.returncode == 1, result.stderr
     assert "plugin 'brokenplug' from package 'brokenplug' failed to import" in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -149,7 +149,7 @@ def test_name_clash_names_both_plugins(tmp_path):
     clash = PLUGIN_MODULE.replace('register("tiny", TinyConfig', 'register("act", TinyConfig')
     site = make_distribution(tmp_path / "site", "clashplug", clash)
     result = run_cli("plugins", env=env_with(site))
-    assert result.returncode != 0
+    assert result.returncode == 1, result.stderr
     assert "'act' is registered by plugin 'clashplug'" in result.stderr and "plugin 'act'" in result.stderr
 
 
@@ -165,7 +165,7 @@ def test_unknown_hook_in_a_plugin_is_an_error(tmp_path):
     source = PLUGIN_MODULE + "\n@hookimpl\ndef lerobot_register_polices(register):\n    pass\n"
     site = make_distribution(tmp_path / "site", "typoplug", source)
     result = run_cli("plugins", env=env_with(site))
-    assert result.returncode != 0
+    assert result.returncode == 1, result.stderr
     assert "typoplug" in result.stderr and "unknown hook" in result.stderr
 
 

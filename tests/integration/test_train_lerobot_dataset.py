@@ -27,5 +27,5 @@ def test_malformed_info_json_is_one_clear_line(tmp_path):
     (root / "meta" / "info.json").write_text("{not json")
     result = run_cli("train", "--dataset.repo_id=user/bad", f"--dataset.root={root}", *TINY_ACT, "--steps=1",
                      f"--output_dir={tmp_path / 'out'}")
-    assert result.returncode != 0
+    assert result.returncode == 1, result.stderr
     assert "info.json" in result.stderr and "Traceback" not in result.stderr

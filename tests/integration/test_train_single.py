@@ -58,7 +58,7 @@ def test_default_task_learns_and_writes_the_documented_layout(tmp_path):
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) - 100])
     broken = run_cli("inspect-checkpoint", str(step))
-    assert broken.returncode != 0 and "model.safetensors" in broken.stdout + broken.stderr
+    assert broken.returncode == 1 and "model.safetensors" in broken.stdout + broken.stderr
 
 
 def test_resume_is_exact_across_an_epoch_boundary(tmp_path, rank_pools):
@@ -116,7 +116,7 @@ def test_resume_without_a_checkpoint_is_refused(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     result = run_cli("train", f"--output_dir={out}", "--resume=true", *TINY, "--steps=2")
-    assert result.returncode != 0
+    assert result.returncode == 2, result.stderr
     assert "no checkpoint to resume" in result.stderr and "Traceback" not in result.stderr
     assert list(out.iterdir()) == []  # the lock taken before the folder was read is gone again
 
@@ -128,5 +128,5 @@ def test_corrupt_checkpoint_on_resume_is_one_clear_line(tmp_path):
     optimizer.write_bytes(optimizer.read_bytes()[:50])
     config = out / "checkpoints" / "last" / "pretrained_model" / "train_config.json"
     result = run_cli("train", "--resume=true", f"--config_path={config}", "--steps=4")
-    assert result.returncode != 0
+    assert result.returncode == 1, result.stderr
     assert "optimizer_state.safetensors" in result.stderr and "Traceback" not in result.stderr
