@@ -8,6 +8,7 @@ for context only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -375,3 +376,43 @@ def disk_write_speed(folder: Path, nbytes: int, block_size: int = 16 << 20) -> f
 
 def tree_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def local_bytes(tensor: Any) -> int:
+    """The bytes of the part of ``tensor`` this rank holds (a DTensor's local shard)."""
+    from torch.distributed.tensor import DTensor
+
+    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return local.numel() * local.element_size()
+
+
+def one_step_held_bytes(prepared: Any, grad_clip_norm: float, around_step: contextlib.AbstractContextManager | None = None
+                        ) -> tuple[dict[str, int], float]:
+    """One training step of a prepared run, as the trainer takes it, and what this rank then
+    holds: parameter, gradient and optimizer-state bytes, beside the whole model's bytes.
+    ``around_step`` wraps the forward and backward (to watch their collectives). Returns
+    the figures and the step's loss."""
+    import torch
+
+    run = prepared.run
+    parallel = run.parallel
+    params = list(parallel.model.parameters())
+    batch = run.preprocessor(next(iter(prepared.loader)))
+    with around_step or contextlib.nullcontext():
+        loss, _ = parallel.module(batch)
+        loss.backward()
+    parallel.finish_grad_sync()
+    grads_bytes = sum(local_bytes(p.grad) for p in params if p.grad is not None)
+    parallel.clip_grad_norm(grad_clip_norm)
+    run.optimizer.step()
+    optimizer_bytes = sum(
+        local_bytes(value) for state in run.optimizer.state.values() for value in state.values()
+        if torch.is_tensor(value)
+    )
+    held = {
+        "params_bytes": sum(local_bytes(p) for p in params),
+        "grads_bytes": grads_bytes,
+        "optimizer_bytes": optimizer_bytes,
+        "model_bytes": sum(p.numel() * p.element_size() for p in params),  # a DTensor's numel is the global one
+    }
+    return held, loss.item()

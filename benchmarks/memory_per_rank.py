@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _common import Context, Result, Row, judge, launch_ranks, rss_now, rss_peak, write_rank_result
+from _common import Context, Result, Row, judge, launch_ranks, one_step_held_bytes, rss_now, rss_peak, write_rank_result
 
 NAME = "memory"
 GOAL = "<= 1.05"
@@ -52,13 +52,6 @@ SHARDS = {"fsdp2": 2, "fsdp4": 4, "hsdp2x2": 2}
 # ----------------------------------------------------------------------------- rank worker
 
 
-def _local_bytes(tensor: Any) -> int:
-    from torch.distributed.tensor import DTensor
-
-    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
-    return local.numel() * local.element_size()
-
-
 def _import_run_modules(config: Any) -> None:
     """Import now what ``prepare_run`` imports on first use, so that the start-up growth
     counts memory the run allocates, not code it loads."""
@@ -75,8 +68,6 @@ def _import_run_modules(config: Any) -> None:
 
 
 def _measure(flags: list[str], ctx: Any, outdir: Path) -> dict[str, Any]:
-    import torch
-
     from lerobot_kit.core.config.flags import parse_train_config
     from lerobot_kit.core.run.prepare import prepare_run
 
@@ -85,26 +76,11 @@ def _measure(flags: list[str], ctx: Any, outdir: Path) -> dict[str, Any]:
     before = rss_now()
     prepared = prepare_run(config, ctx)
     startup_peak = rss_peak()
-    run = prepared.run
-    parallel = run.parallel
-    params = list(parallel.model.parameters())
-    full_bytes = sum(p.numel() * p.element_size() for p in params)  # a DTensor's numel is the global one
-    batch = run.preprocessor(next(iter(prepared.loader)))
-    loss, _ = parallel.module(batch)
-    loss.backward()
-    parallel.finish_grad_sync()
-    grads_bytes = sum(_local_bytes(p.grad) for p in params if p.grad is not None)
-    parallel.clip_grad_norm(config.optimizer.grad_clip_norm)
-    run.optimizer.step()
-    optimizer_bytes = sum(
-        _local_bytes(value) for state in run.optimizer.state.values() for value in state.values()
-        if torch.is_tensor(value)
-    )
+    held, _loss = one_step_held_bytes(prepared, config.optimizer.grad_clip_norm)
+    full_bytes = held.pop("model_bytes")
     return {
-        "layout": run.dims.layout,
-        "params_bytes": sum(_local_bytes(p) for p in params),
-        "grads_bytes": grads_bytes,
-        "optimizer_bytes": optimizer_bytes,
+        "layout": prepared.run.dims.layout,
+        **held,
         "full_model_bytes": full_bytes,
         "rss_before_build": before,
         "rss_peak_after_build": startup_peak,

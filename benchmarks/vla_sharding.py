@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import Row, judge, launch_ranks, write_rank_result
+from _common import Row, judge, launch_ranks, one_step_held_bytes, write_rank_result
 
 REPO = Path(__file__).resolve().parents[1]
 BRIDGE_TOOLS = REPO / "contrib" / "lerobot-kit-lerobot" / "tools"
@@ -60,13 +60,6 @@ def policy_flags(tokenizer: Path) -> list[str]:
 # ----------------------------------------------------------------------------- rank worker
 
 
-def _local_bytes(tensor: Any) -> int:
-    from torch.distributed.tensor import DTensor
-
-    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
-    return local.numel() * local.element_size()
-
-
 class GatherSizes:
     """Records the output bytes of every ``all_gather_into_tensor`` (what FSDP2 gathers a unit into)."""
 
@@ -89,38 +82,21 @@ class GatherSizes:
 
 
 def _measure(flags: list[str], ctx: Any, outdir: Path) -> dict[str, Any]:
-    import torch
-
     from lerobot_kit.core.config.flags import parse_train_config
     from lerobot_kit.core.run.prepare import prepare_run
 
     config = parse_train_config([*flags, f"--output_dir={outdir / 'run'}"])
     prepared = prepare_run(config, ctx)
-    run = prepared.run
-    parallel = run.parallel
-    params = list(parallel.model.parameters())
-    batch = run.preprocessor(next(iter(prepared.loader)))
-    with GatherSizes() as gathers:
-        loss, _ = parallel.module(batch)
-        loss.backward()
-    parallel.finish_grad_sync()
-    grads_bytes = sum(_local_bytes(p.grad) for p in params if p.grad is not None)
-    parallel.clip_grad_norm(config.optimizer.grad_clip_norm)
-    run.optimizer.step()
-    optimizer_bytes = sum(
-        _local_bytes(value) for state in run.optimizer.state.values() for value in state.values()
-        if torch.is_tensor(value)
-    )
+    parallel = prepared.run.parallel
+    gathers = GatherSizes()
+    held, loss = one_step_held_bytes(prepared, config.optimizer.grad_clip_norm, around_step=gathers)
     return {
-        "layout": run.dims.layout,
-        "params_bytes": sum(_local_bytes(p) for p in params),
-        "grads_bytes": grads_bytes,
-        "optimizer_bytes": optimizer_bytes,
-        "model_bytes": sum(p.numel() * p.element_size() for p in params),  # a DTensor's numel is the global one
-        "trainable_params": sum(p.numel() for p in params if p.requires_grad),
+        "layout": prepared.run.dims.layout,
+        **held,
+        "trainable_params": sum(p.numel() for p in parallel.model.parameters() if p.requires_grad),
         "gathers": gathers.sizes,
         "units": [g.name for g in parallel.wrap.groups] + list(parallel.wrap.paths),
-        "loss": loss.item(),
+        "loss": loss,
     }
 
 
