@@ -143,6 +143,14 @@ def pool_train(pools: RankPools, nproc: int, *args: str, workdir: Path, timeout:
     return pools.get(nproc).train(*args, workdir=workdir, timeout=timeout, check=check)
 
 
+def pool_cli(pools: RankPools, *args: str, workdir: Path, timeout: float = 240) -> PoolRun:
+    """``lerobot ARGS`` in the one-rank pool, whatever its exit code: what ``run_cli`` runs
+    (the same entry point, its one-line errors and exit codes) without a process and a torch
+    import per command. For tests of many refused commands; tests of the console script itself
+    use ``run_cli``."""
+    return pools.get(1).run(["lerobot", *args], workdir=workdir, timeout=timeout, check=False)
+
+
 def pool_script(pools: RankPools, nproc: int, script_path: Path, *args: str, workdir: Path, timeout: float = 240,
                 check: bool = True) -> PoolRun:
     """``python SCRIPT ARGS`` on ``nproc`` ranks of a pool (a script that drives a run itself)."""

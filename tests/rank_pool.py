@@ -111,7 +111,7 @@ class RankPool:
         codes = [reply["exit"] for reply in replies]
         run = PoolRun(next((c for c in codes if c != 0), 0), "".join(log.read_text(errors="replace") for log in logs),
                       codes)
-        if any(codes):  # a failed run may have left a peer in a collective: this pool is done
+        if any(codes) and self.world_size > 1:  # a failed run may have left a peer in a collective: this pool is done
             self.close()
         if check:
             assert codes == [0] * self.world_size, f"exit codes {codes}:\n{run.stderr[-6000:]}"

@@ -1,11 +1,14 @@
 """A damaged checkpoint is refused alike by ``inspect-checkpoint``, the resume, ``--policy.path`` and ``lerobot eval``.
 
 One tiny one-process run is saved once; each case copies it, damages one file (or the
-``last`` link) as a disk fault, a copy gone wrong or a hand edit would, and runs the
-installed ``lerobot``: inspect reports the problem as one line naming the file (exit 1),
-and the resume refuses with that very line (exit 1, before any model is built), as does
-``lerobot eval`` when loading reads the file. Nothing is written into the run, and no
-command prints a traceback or exits as a bug (70).
+``last`` link) as a disk fault, a copy gone wrong or a hand edit would, and runs
+``lerobot``: the installed ``inspect-checkpoint`` reports the problem as one line naming
+the file (exit 1), and the resume refuses with that very line (exit 1, before any model is
+built), as does ``lerobot eval`` when loading reads the file. Nothing is written into the
+run, and no command prints a traceback or exits as a bug (70). The run, the resumes and
+the evals go through the CLI's entry point in the one-rank pool (``pool_cli``: the same
+errors and exit codes, without a torch import per command); ``test_cli_errors.py`` holds
+the console script's own exit path.
 
 Groups: contents that used to end in tracebacks; verdicts inspect used to get wrong (both
 ways); links that lead out of the checkpoint; and ``lerobot eval`` of a policy whose actions
@@ -25,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from conftest import TINY_ACT, launch_env, run_cli
+from conftest import TINY_ACT, launch_env, pool_cli, pool_train, run_cli
 from safetensors.torch import load_file, save_file
 
 from lerobot_kit.core.layout.files import RESUME_ADVICE
@@ -38,13 +41,12 @@ LOAD_ADVICE = "load an earlier step folder of the run"
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def saved(tmp_path_factory: pytest.TempPathFactory, rank_pools) -> Path:
     """A one-process run of 2 steps, saved at step 2."""
     root = tmp_path_factory.mktemp("validation")
     out = root / "run"
-    result = run_cli("train", f"--output_dir={out}", *TINY_ACT, *SMALL_DATA, "--batch_size=8", "--steps=2",
-                     "--save_freq=2", env=launch_env(root))
-    assert result.returncode == 0, result.stderr[-3000:]
+    pool_train(rank_pools, 1, f"--output_dir={out}", *TINY_ACT, *SMALL_DATA, "--batch_size=8", "--steps=2",
+               "--save_freq=2", workdir=root)
     return out
 
 
@@ -248,7 +250,7 @@ def snapshot(run: Path) -> dict[str, str]:
             for p in sorted(run.rglob("*")) if p.is_file() and "logs" not in p.parts}
 
 
-def refused_alike(saved: Path, tmp_path: Path, case: Case) -> None:
+def refused_alike(saved: Path, tmp_path: Path, case: Case, pools) -> None:
     """inspect names the problem (exit 1); the resume, and eval when loading reads the file, refuse
     with the same line (exit 1), writing nothing."""
     run = tmp_path / "run"
@@ -270,15 +272,15 @@ def refused_alike(saved: Path, tmp_path: Path, case: Case) -> None:
         resume = ["--resume=true", f"--output_dir={run}"]
     else:
         resume = ["--resume=true", f"--config_path={step / P / 'train_config.json'}"]
-    resumed = run_cli("train", *resume, "--steps=3", env=launch_env(tmp_path))
+    resumed = pool_cli(pools, "train", *resume, "--steps=3", workdir=tmp_path)
     assert resumed.returncode == 1, resumed.stderr[-3000:]
     [refused] = errors(resumed.stderr)
     assert refused.startswith(f"error: {whole}"), refused
     assert case.link or refused.endswith(f"; the checkpoint is {damaged(line)}: {RESUME_ADVICE}"), refused
 
     if case.loading_reads_it:
-        evaluated = run_cli("eval", f"--policy.path={run / 'checkpoints' / 'last'}", "--eval.n_episodes=1",
-                            f"--output_dir={tmp_path / 'eval'}", env=launch_env(tmp_path))
+        evaluated = pool_cli(pools, "eval", f"--policy.path={run / 'checkpoints' / 'last'}", "--eval.n_episodes=1",
+                             f"--output_dir={tmp_path / 'eval'}", workdir=tmp_path)
         assert evaluated.returncode == 1, evaluated.stderr[-3000:]
         [refused] = errors(evaluated.stderr)
         assert refused.startswith(f"error: {whole}"), refused
@@ -317,18 +319,18 @@ CONTAINMENT = {
 
 
 @pytest.mark.parametrize("case", list(CONTENTS))
-def test_damaged_contents_are_one_line_and_inspect_agrees_with_the_resume(saved, tmp_path, case):
-    refused_alike(saved, tmp_path, CONTENTS[case])
+def test_damaged_contents_are_one_line_and_inspect_agrees_with_the_resume(saved, tmp_path, case, rank_pools):
+    refused_alike(saved, tmp_path, CONTENTS[case], rank_pools)
 
 
 @pytest.mark.parametrize("case", list(VERDICTS))
-def test_inspect_calls_invalid_exactly_what_the_loaders_refuse(saved, tmp_path, case):
-    refused_alike(saved, tmp_path, VERDICTS[case])
+def test_inspect_calls_invalid_exactly_what_the_loaders_refuse(saved, tmp_path, case, rank_pools):
+    refused_alike(saved, tmp_path, VERDICTS[case], rank_pools)
 
 
 @pytest.mark.parametrize("case", list(CONTAINMENT))
-def test_nothing_outside_the_run_is_read_through_a_checkpoint(saved, tmp_path, case):
-    refused_alike(saved, tmp_path, CONTAINMENT[case])
+def test_nothing_outside_the_run_is_read_through_a_checkpoint(saved, tmp_path, case, rank_pools):
+    refused_alike(saved, tmp_path, CONTAINMENT[case], rank_pools)
 
 
 def test_convert_dcp_refuses_a_shard_linked_outside(saved, tmp_path):

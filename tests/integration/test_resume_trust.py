@@ -1,9 +1,11 @@
 """What a resume or ``--policy.path`` loads is what was saved, and nothing in it runs.
 
 One tiny one-process run is saved once; each case copies its checkpoint, damages or
-crafts it as a disk fault, a copy gone wrong or an attacker would, and runs the installed
-``lerobot`` on it: one ``error:`` line naming the file, a non-zero exit, no traceback,
-the checkpoint folder byte for byte as it was, and the crafted pickle's command never run.
+crafts it as a disk fault, a copy gone wrong or an attacker would, and runs ``lerobot`` on
+it: one ``error:`` line naming the file, exit 1, no traceback, the checkpoint folder byte
+for byte as it was, and the crafted pickle's command never run. One-process resumes go
+through the CLI's entry point in the one-rank pool (``pool_cli``), ``--policy.path`` through
+the installed console script, the FSDP resumes through ``torchrun``.
 A DCP checkpoint is made from the run's own weights with ``dcp.save`` (what a sharded
 save writes, here for one process).
 """
@@ -27,7 +29,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 
 from checkpoint_state import full_weights
-from conftest import TINY_ACT, built_once, launch_env, pool_train, run_cli, torchrun_train
+from conftest import TINY_ACT, built_once, launch_env, pool_cli, pool_train, run_cli, torchrun_train
 from lerobot_kit.core.layout.manifest import MANIFEST, write_manifest
 
 SMALL_DATA = ["--dataset.num_episodes=2", "--dataset.episode_length=20"]
@@ -83,9 +85,9 @@ def snapshot(run: Path) -> dict[str, str]:
             for p in sorted(run.rglob("*")) if p.is_file() and "logs" not in p.parts}
 
 
-def resume(step: Path, *extra: str):
-    return run_cli("train", "--resume=true", f"--config_path={step / 'pretrained_model/train_config.json'}",
-                   "--steps=3", *extra, env=launch_env(step.parents[2]))
+def resume(pools, step: Path, *extra: str):
+    return pool_cli(pools, "train", "--resume=true", f"--config_path={step / 'pretrained_model/train_config.json'}",
+                    "--steps=3", *extra, workdir=step.parents[2])
 
 
 def errors(stderr: str) -> list[str]:
@@ -176,13 +178,13 @@ CASES: dict[str, tuple[Callable[[Path, Path], None], list[str]]] = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_bad_checkpoint_stops_the_resume_with_one_line(tmp_path, saved, case):
+def test_a_bad_checkpoint_stops_the_resume_with_one_line(tmp_path, saved, case, rank_pools):
     damage, expected = CASES[case]
     step = copy_run(saved, tmp_path / "run")
     marker = tmp_path / "pwned"
     damage(step, marker)
     before = snapshot(tmp_path / "run")
-    result = resume(step)
+    result = resume(rank_pools, step)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     [line] = errors(result.stderr)
@@ -201,10 +203,10 @@ def test_manifest_covers_every_file_of_a_save(saved):
                          "sha256": hashlib.sha256((step / rel).read_bytes()).hexdigest()}
 
 
-def test_a_checkpoint_without_manifest_resumes_after_one_notice(tmp_path, saved):
+def test_a_checkpoint_without_manifest_resumes_after_one_notice(tmp_path, saved, rank_pools):
     step = copy_run(saved, tmp_path / "run")
     (step / MANIFEST).unlink()
-    result = resume(step)
+    result = resume(rank_pools, step)
     assert result.returncode == 0, result.stderr[-3000:]
     assert [line for line in result.stderr.splitlines() if MANIFEST in line] == [
         next(line for line in result.stderr.splitlines() if "no checksums.json (saved before checksums" in line)
