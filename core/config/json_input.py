@@ -19,6 +19,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from lerobot_kit.core.layout.json_file import json_type
+
 MAX_DEPTH = 64
 MAX_BYTES = 16 * 2**20
 _KINDS = (
@@ -103,21 +105,8 @@ def read_object(path: Path) -> dict[str, Any]:
     """``read(path)``, which must be a JSON object (a config maps names to values)."""
     data = read(path)
     if not isinstance(data, dict):
-        raise UnusableJson(f"expected a JSON object at the top level, got {json_kind(data)}")
+        raise UnusableJson(f"expected a JSON object at the top level, got {json_type(data)}")
     return data
-
-
-def json_kind(value: Any) -> str:
-    """What a decoded JSON value is, in JSON's words."""
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, bool):
-        return "a boolean"
-    if value is None:
-        return "null"
-    return "an object" if isinstance(value, dict) else "a number"
 
 
 def _refuse_constant(name: str) -> Any:
