@@ -17,7 +17,9 @@ before result files were kept are transcribed into files of the same shape with 
 KIND picks the renderer: ``rows`` (the table ``run.py`` prints; ``only=`` picks
 benchmarks), ``trials`` (``fault_injection``'s trials), ``eval-line`` (the summary line of
 ``eval_success``'s ``lerobot eval``), ``gpu-checks`` and ``gpu-speed`` (``gpu.py``'s;
-``compare=`` adds a column of another run's samples/s).
+``compare=`` adds a column of another run's samples/s), ``plan-table`` (the rows of
+``vla_plan_table.py --json``) and ``comparison`` (``tools/benchmark.py --json``: LeRobot's
+``lerobot-train`` beside the bridge), both in the LeRobot bridge's README.
 
 ``--check`` writes nothing and exits 1 when a block differs from what its result file
 renders, naming each (the test suite runs it: a table edited by hand, or a result file
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import sys
@@ -38,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "contrib").glob("*/README.md"))]
 BLOCK = re.compile(r"(<!-- figures: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.DOTALL)
 
 
@@ -83,9 +86,11 @@ def provenance(data: dict[str, Any], result: Path, page: Path, benchmarks: list[
     software = [f"torch {versions['torch']}" + (f" (CUDA {versions['cuda']})" if versions.get("cuda") else "")]
     if versions.get("python"):
         software.insert(0, f"Python {versions['python']}")
+    if versions.get("lerobot"):
+        software.append(f"LeRobot {versions['lerobot']}")
     if versions.get("lerobot_kit"):
         software.append(f"lerobot-kit {versions['lerobot_kit']}")
-    rel = Path(".." if page.parent != REPO else ".", result.relative_to(REPO)).as_posix()
+    rel = Path(os.path.relpath(result, page.parent)).as_posix()
     link = f"[{result.name}]({rel})"
     date = str(data["date"]).replace("T", " ")
     notes = f" {data['notes']}" if data.get("notes") else ""
@@ -170,12 +175,57 @@ def render_gpu_speed(data: dict[str, Any], spec: Spec) -> str:
     return "\n".join(lines)
 
 
+PLAN_TABLE_HEADER = (
+    "| ranks | layout | training | trainable | params+grads+AdamW per rank | activations at batch 1 (no AC / AC) "
+    "| largest batch in 80 GiB (no AC / AC) | largest batch in 141 GiB (no AC / AC) |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- |"
+)
+
+
+def plan_table_row(row: dict[str, Any]) -> str:
+    """A row of ``vla_plan_table.py`` (which prints its rows with this too)."""
+    gib = 2**30
+    activations, fits = row["activation_bytes_batch1"], row["largest_batch"]
+    return (
+        f"| {row['ranks']} | {row['layout'].upper()} {row['dp_replicate']}×{row['dp_shard']} | {row['training']} "
+        f"| {row['trainable_params'] / 1e9:.3f} B | {row['per_rank_state_bytes'] / gib:.2f} GiB "
+        f"| {activations['plain'] / gib:.2f} / {activations['checkpointed'] / gib:.2f} GiB "
+        + "".join(f"| {fit['plain']} / {fit['checkpointed']} " for fit in fits.values()) + "|"
+    )
+
+
+def render_plan_table(data: dict[str, Any], spec: Spec) -> str:
+    return "\n".join([PLAN_TABLE_HEADER, *map(plan_table_row, data["plan"]["rows"])])
+
+
+COMPARISON_ROWS = (("samples/s", "samples_per_s", "{:.2f}"), ("data-wait share", "data_wait_share", "{:.1%}"),
+                   ("peak RSS, training process (GiB)", "peak_rss_gib", "{:.2f}"),
+                   ("peak PSS, process tree (GiB)", "peak_pss_gib", "{:.2f}"),
+                   ("time to first step (s)", "first_step_s", "{:.1f}"))
+
+
+def comparison_table(theirs: dict[str, float], ours: dict[str, float]) -> str:
+    """LeRobot's ``lerobot-train`` beside the bridge (``tools/benchmark.py`` prints this too)."""
+    lines = ["| | LeRobot `lerobot-train` | lerobot-kit `lerobot train` | ours / theirs |", "| --- | --- | --- | --- |"]
+    for label, key, fmt in COMPARISON_ROWS:
+        ratio = f"{ours[key] / theirs[key]:.2f}x" if theirs[key] else "-"
+        lines.append(f"| {label} | {fmt.format(theirs[key])} | {fmt.format(ours[key])} | {ratio} |")
+    return "\n".join(lines)
+
+
+def render_comparison(data: dict[str, Any], spec: Spec) -> str:
+    figures = data["comparison"]
+    return comparison_table(figures["lerobot-train"], figures["lerobot train"])
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], Spec], str]] = {
     "rows": render_rows,
     "trials": render_trials,
     "eval-line": render_eval_line,
     "gpu-checks": render_gpu_checks,
     "gpu-speed": render_gpu_speed,
+    "plan-table": render_plan_table,
+    "comparison": render_comparison,
 }
 
 

@@ -13,11 +13,18 @@ the venv ``contrib/lerobot-kit-lerobot/ci.sh`` builds. The LoRA row starts from 
 only LeRobot's ``config.json`` for the policy at its defaults (a plan never reads weights).
 
     $VENV/bin/python benchmarks/vla_plan_table.py --dataset.root=DATA [--repo_id=bridge/reach] [--policy=smolvla]
+        [--json benchmarks/results/cpu-vla-plan-smolvla.json]
+
+``--json`` writes the rows' raw figures with the date, machine and versions: the bridge
+README's tables are rendered from those files by ``benchmarks/render_docs.py``.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
+import shlex
 import sys
 import tempfile
 from collections.abc import Callable
@@ -25,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _common import provenance
+from render_docs import PLAN_TABLE_HEADER, plan_table_row
 
 GIB = 2**30
 DEVICES_GIB = (80, 141)
@@ -99,15 +108,12 @@ def traces(spec: Any, meta: Any, built: Any) -> tuple[Callable[[int], int], Call
     return Traced(StepTracer(step, None)), Traced(StepTracer(step, built.wrap.paths, built.wrap.groups))
 
 
-def rows(lerobot_type: str, dataset: list[str], base: Path) -> list[str]:
+def rows(lerobot_type: str, dataset: list[str], base: Path) -> list[dict[str, Any]]:
+    """One row per (training mode, layout): the raw figures of its plan."""
     from lerobot_kit.core.plan.batch_fit import largest_batch
     from lerobot_kit.core.plan.memory_plan import plan_model
 
-    lines = [
-        "| ranks | layout | training | trainable | params+grads+AdamW per rank | activations at batch 1 (no AC / AC) "
-        "| largest batch in 80 GiB (no AC / AC) | largest batch in 141 GiB (no AC / AC) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    found = []
     for label, (extra, layouts) in MODES[lerobot_type].items():
         mode = [f"--policy.path={base}", "--peft.method_type=LORA", "--peft.r=16"] if extra == ["LORA"] else extra
         plain = checkpointed = None
@@ -123,14 +129,31 @@ def rows(lerobot_type: str, dataset: list[str], base: Path) -> list[str]:
                     for device in DEVICES_GIB for name, trace in (("plain", plain), ("ac", checkpointed))
                 }
                 dims = sharding.dims
-                lines.append(
-                    f"| {world} | {dims.layout.upper()} {dims.dp_replicate}×{dims.dp_shard} | {label} "
-                    f"| {sharding.trainable_params / 1e9:.3f} B | {sharding.per_rank.total_bytes / GIB:.2f} GiB "
-                    f"| {plain(1) / GIB:.2f} / {checkpointed(1) / GIB:.2f} GiB "
-                    + "".join(f"| {fits[(d, 'plain')]} / {fits[(d, 'ac')]} " for d in DEVICES_GIB) + "|"
-                )
-                print(lines[-1], file=sys.stderr, flush=True)  # progress: a row takes a while
-    return lines
+                found.append({
+                    "ranks": world, "layout": dims.layout, "dp_replicate": dims.dp_replicate,
+                    "dp_shard": dims.dp_shard, "training": label, "flags": [*mode, *layout],
+                    "trainable_params": sharding.trainable_params,
+                    "per_rank_state_bytes": sharding.per_rank.total_bytes,
+                    "activation_bytes_batch1": {"plain": plain(1), "checkpointed": checkpointed(1)},
+                    "largest_batch": {str(device): {"plain": fits[(device, "plain")], "checkpointed": fits[(device, "ac")]}
+                                      for device in DEVICES_GIB},
+                })
+                print(plan_table_row(found[-1]), file=sys.stderr, flush=True)  # progress: a row takes a while
+    return found
+
+
+def result_file(lerobot_type: str, found: list[dict[str, Any]]) -> dict[str, Any]:
+    """What ``--json`` writes: the command, date, machine and versions, and the rows."""
+    from importlib.metadata import version
+
+    where = provenance()
+    where["versions"]["lerobot"] = version("lerobot")
+    return {
+        "command": shlex.join(["python", "benchmarks/vla_plan_table.py", *sys.argv[1:]]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **where,
+        "plan": {"policy": lerobot_type, "batch_size_flags": COMMON, "devices_gib": list(DEVICES_GIB), "rows": found},
+    }
 
 
 def main() -> None:
@@ -138,11 +161,14 @@ def main() -> None:
     parser.add_argument("--dataset.root", dest="root", required=True)
     parser.add_argument("--repo_id", default="bridge/reach")
     parser.add_argument("--policy", choices=sorted(MODES), default="pi05", help="LeRobot's policy type")
+    parser.add_argument("--json", dest="json_path", type=Path, help="also write the raw figures to this file")
     args = parser.parse_args()
     dataset = [f"--dataset.repo_id={args.repo_id}", f"--dataset.root={args.root}"]
     with tempfile.TemporaryDirectory() as scratch:
-        table = rows(args.policy, dataset, lerobot_config_folder(args.policy, Path(scratch) / "pretrained_model"))
-    print("\n".join(table))
+        found = rows(args.policy, dataset, lerobot_config_folder(args.policy, Path(scratch) / "pretrained_model"))
+    print("\n".join([PLAN_TABLE_HEADER, *map(plan_table_row, found)]))
+    if args.json_path is not None:
+        args.json_path.write_text(json.dumps(result_file(args.policy, found), indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -45,8 +45,10 @@ def test_result_files_say_where_and_how_they_were_measured(result: Path) -> None
     assert {"date", "machine", "versions", "command"} <= data.keys()
     assert {"cpu", "cores", "memory_gib", "gpu"} <= data["machine"].keys()
     assert {"python", "torch", "lerobot_kit"} <= data["versions"].keys()
-    assert data["command"].startswith(("python benchmarks/run.py", "python benchmarks/gpu.py"))
-    figures = data.get("benchmarks") or {"checks": data.get("checks"), "speed": data.get("speed")}
+    assert data["command"].startswith(
+        ("python benchmarks/run.py", "python benchmarks/gpu.py", "python benchmarks/vla_plan_table.py",
+         "python contrib/lerobot-kit-lerobot/tools/benchmark.py"))
+    figures = data.get("benchmarks") or {key: data.get(key) for key in ("checks", "speed", "plan", "comparison")}
     assert any(figures.values()), "no figures"
     if "transcribed_from" in data:  # copied from a page: says from where, and what was not kept
         assert "not kept" in data["transcribed_from"]
