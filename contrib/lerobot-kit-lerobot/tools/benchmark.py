@@ -17,13 +17,20 @@ process tree (workers included) is sampled for memory. Reported per tool:
 * peak RSS of the training process, and peak PSS of its whole tree (PSS splits pages
   shared with forked workers, so they are not counted twice);
 * time to first step: from launch to the first step's line.
+
+``--json FILE`` also writes the figures with the date, machine and versions (the bridge
+README's table is rendered from ``benchmarks/results/cpu-bridge-act.json`` by the
+repository's ``benchmarks/render_docs.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -34,6 +41,10 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "benchmarks"))  # the repository's result files and their tables
+from _common import provenance  # noqa: E402
+from render_docs import comparison_table  # noqa: E402
 from toy_dataset import make_dataset  # noqa: E402 - tools/ is not a package
 
 BIN = Path(sys.executable).parent
@@ -113,6 +124,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=10)
     parser.add_argument("--episode_length", type=int, default=60)
     parser.add_argument("--image", default="96x128", help="Camera height x width.")
+    parser.add_argument("--json", type=Path, help="Also write the figures, date, machine and versions to this file.")
     args = parser.parse_args()
 
     root = args.workdir / "data"
@@ -131,17 +143,20 @@ def main() -> None:
         subprocess.run(["rm", "-rf", str(args.workdir / out)], check=True)
     results = {m.name: summary(m, args.batch_size, args.warmup)
                for m in (run("lerobot-train", theirs, args.workdir), run("lerobot train", ours, args.workdir))}
-    theirs_r, ours_r = results["lerobot-train"], results["lerobot train"]
     print(f"ACT, {args.steps} steps of batch {args.batch_size}, {args.num_workers} data worker(s), image {args.image}")
-    print("| | LeRobot `lerobot-train` | lerobot-kit `lerobot train` | ours / theirs |")
-    print("| --- | --- | --- | --- |")
-    rows = [("samples/s", "samples_per_s", "{:.2f}"), ("data-wait share", "data_wait_share", "{:.1%}"),
-            ("peak RSS, training process (GiB)", "peak_rss_gib", "{:.2f}"),
-            ("peak PSS, process tree (GiB)", "peak_pss_gib", "{:.2f}"), ("time to first step (s)", "first_step_s", "{:.1f}")]
-    for label, key, fmt in rows:
-        ratio = ours_r[key] / theirs_r[key] if theirs_r[key] else float("nan")
-        print(f"| {label} | {fmt.format(theirs_r[key])} | {fmt.format(ours_r[key])} | {ratio:.2f}x |")
+    print(comparison_table(results["lerobot-train"], results["lerobot train"]))
+    if args.json is not None:
+        from importlib.metadata import version
 
+        where = provenance()
+        where["versions"]["lerobot"] = version("lerobot")
+        args.json.write_text(json.dumps({
+            "command": shlex.join(["python", "contrib/lerobot-kit-lerobot/tools/benchmark.py", *sys.argv[1:]]),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            **where,
+            "comparison": {"settings": {k: v for k, v in vars(args).items() if k not in ("workdir", "json")},
+                           "lerobot-train": results["lerobot-train"], "lerobot train": results["lerobot train"]},
+        }, indent=1) + "\n")
 
 if __name__ == "__main__":
     main()
