@@ -9,9 +9,11 @@ for context only.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import platform
+import shlex
 import shutil
 import socket
 import statistics
@@ -180,7 +182,28 @@ def provenance() -> dict[str, Any]:
             "python": platform.python_version(),
             "torch": torch.__version__,
             "lerobot_kit": source_commit(),
+            **_lerobot_version(),
         },
+    }
+
+
+def _lerobot_version() -> dict[str, str]:
+    """LeRobot's version where it is installed (the bridge's venv): its figures depend on it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return {"lerobot": version("lerobot")}
+    except PackageNotFoundError:
+        return {}
+
+
+def result_header(script: str, argv: list[str]) -> dict[str, Any]:
+    """How every result file starts: the exact command (``script`` relative to the
+    repository's root), the date, and the machine and versions (``provenance``)."""
+    return {
+        "command": shlex.join(["python", script, *argv]),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        **provenance(),
     }
 
 

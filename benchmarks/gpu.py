@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import datetime
 import json
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -39,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import LEROBOT_ACT, REPO, console_script, logged_rows, provenance
+from _common import LEROBOT_ACT, REPO, console_script, logged_rows, result_header
 
 ACT_LEROBOT = [*LEROBOT_ACT, "--policy.vision_backbone=resnet18"]
 ACT_TOY = ["--policy.dim_model=32", "--policy.n_heads=2", "--policy.dim_feedforward=64",
@@ -331,13 +329,11 @@ def speed_matrix(report: Report, work: Path, smoke: bool, select: list[str]) -> 
 
 
 def provenance_with_gpu(note: str, smoke: bool) -> dict[str, Any]:
-    """The result file's header: date, exact command, machine and versions (``_common.provenance``),
+    """The result file's header: date, exact command, machine and versions (``_common.result_header``),
     with the CUDA build and the GPU's memory and compute capability."""
     import torch
 
-    header = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-              "command": shlex.join(["python", "benchmarks/gpu.py", *sys.argv[1:]]), "smoke": smoke, **provenance(),
-              "notes": note}
+    header = {**result_header("benchmarks/gpu.py", sys.argv[1:]), "smoke": smoke, "notes": note}
     header["versions"]["cuda"] = torch.version.cuda
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)

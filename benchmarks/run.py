@@ -21,11 +21,9 @@ threads make two-thread timings swing tenfold with other people's load.
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib
 import json
 import os
-import shlex
 import sys
 import tempfile
 import time
@@ -35,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Context, Result, Row, provenance  # noqa: E402
+from _common import Context, Result, Row, result_header  # noqa: E402
 
 # Order matters: `checkpoints` leaves the large checkpoint that `convert_dcp` and `startup` reuse.
 MODULES = {
@@ -100,10 +98,8 @@ def main(argv: list[str]) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     ctx = Context(smoke=args.smoke, workdir=workdir)
     report: dict[str, Any] = {
-        "command": shlex.join(["python", "benchmarks/run.py", *argv]),
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        **result_header("benchmarks/run.py", argv),
         "smoke": args.smoke,
-        **provenance(),
         "notes": args.note,
         "benchmarks": {},
     }

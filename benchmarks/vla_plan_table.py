@@ -22,9 +22,7 @@ README's tables are rendered from those files by ``benchmarks/render_docs.py``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import shlex
 import sys
 import tempfile
 from collections.abc import Callable
@@ -32,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import provenance
+from _common import result_header
 from render_docs import PLAN_TABLE_HEADER, plan_table_row
 
 GIB = 2**30
@@ -144,14 +142,8 @@ def rows(lerobot_type: str, dataset: list[str], base: Path) -> list[dict[str, An
 
 def result_file(lerobot_type: str, found: list[dict[str, Any]]) -> dict[str, Any]:
     """What ``--json`` writes: the command, date, machine and versions, and the rows."""
-    from importlib.metadata import version
-
-    where = provenance()
-    where["versions"]["lerobot"] = version("lerobot")
     return {
-        "command": shlex.join(["python", "benchmarks/vla_plan_table.py", *sys.argv[1:]]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        **where,
+        **result_header("benchmarks/vla_plan_table.py", sys.argv[1:]),
         "plan": {"policy": lerobot_type, "batch_size_flags": COMMON, "devices_gib": list(DEVICES_GIB), "rows": found},
     }
 

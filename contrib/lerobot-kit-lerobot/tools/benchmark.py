@@ -26,11 +26,9 @@ repository's ``benchmarks/render_docs.py``).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import threading
@@ -43,7 +41,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "benchmarks"))  # the repository's result files and their tables
-from _common import provenance  # noqa: E402
+from _common import result_header  # noqa: E402
 from render_docs import comparison_table  # noqa: E402
 from toy_dataset import make_dataset  # noqa: E402 - tools/ is not a package
 
@@ -146,17 +144,12 @@ def main() -> None:
     print(f"ACT, {args.steps} steps of batch {args.batch_size}, {args.num_workers} data worker(s), image {args.image}")
     print(comparison_table(results["lerobot-train"], results["lerobot train"]))
     if args.json is not None:
-        from importlib.metadata import version
-
-        where = provenance()
-        where["versions"]["lerobot"] = version("lerobot")
         args.json.write_text(json.dumps({
-            "command": shlex.join(["python", "contrib/lerobot-kit-lerobot/tools/benchmark.py", *sys.argv[1:]]),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            **where,
+            **result_header("contrib/lerobot-kit-lerobot/tools/benchmark.py", sys.argv[1:]),
             "comparison": {"settings": {k: v for k, v in vars(args).items() if k not in ("workdir", "json")},
                            "lerobot-train": results["lerobot-train"], "lerobot train": results["lerobot train"]},
         }, indent=1) + "\n")
+
 
 if __name__ == "__main__":
     main()
