@@ -29,9 +29,9 @@ Usage: lerobot plan --world_size=N [--plan.device_memory_gb=G] [--json] [TRAIN F
 
   Print the sharding plan of a run on N processes: the FSDP wrap units and their
   parameter counts, the parameter, gradient and AdamW-state bytes each rank holds in
-  the chosen layout beside DDP, and the peak activation memory of one step at
-  --batch_size with and without activation checkpointing. Runs in one process on any
-  machine (the model is built on torch's meta device, the step traced on fake
+  the chosen layout beside DDP, the peak activation memory of one step at --batch_size
+  with and without activation checkpointing, and the step's FLOPs. Runs in one process
+  on any machine (the model is built on torch's meta device, the step traced on fake
   tensors); nothing is trained or written.
 
 Options:
@@ -136,6 +136,13 @@ def human_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def human_flops(n: int) -> str:
+    for unit, size in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} FLOP"
+
+
 def human_count(n: int) -> str:
     for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= size:
@@ -222,6 +229,10 @@ def _activation_lines(acts: ActivationPlan, device_bytes: int, gib: float | None
         if acts.no_checkpointing is not None:
             lines.append(f"  with activation checkpointing: {acts.no_checkpointing}")
     lines.append(f"  counted: {COUNTED}; traced on fake tensors with CPU kernels, without torch.compile")
+    if acts.step_flops is not None:
+        lines.append(f"FLOPs per step per rank at --batch_size={acts.batch_size}: {human_flops(acts.step_flops)} "
+                     f"({human_flops(acts.step_flops // acts.batch_size)} per sample), forward and backward: "
+                     "matrix products, convolutions and attention, without checkpointing's recomputation")
     if gib is not None:
         lines.append(_fit_line(acts, gib))
     return lines

@@ -1,4 +1,4 @@
-"""Per-rank peak memory of one training step's activations, from a trace on fake tensors.
+"""Per-rank peak memory and FLOPs of one training step, from a trace on fake tensors.
 
 ``lerobot plan`` cannot run the step for real: the model may not fit the machine that
 plans it. So the policy (built on the meta device, as for the sharding plan) is given
@@ -9,7 +9,9 @@ backward. ``StorageTimeline`` follows every storage the step allocates and frees
 the peak holds the batch on the device, the activations, the tensors autograd saves
 for the backward and the temporaries alive at that moment, and nothing else:
 parameters exist before the step, and the storages that end as parameter gradients are
-taken out (the plan counts gradients at their sharded size).
+taken out (the plan counts gradients at their sharded size). The same trace counts the
+step's FLOPs with ``torch.utils.flop_counter``, which needs shapes only: the figure a
+GPU run's model FLOP utilisation is computed from, known before any GPU runs it.
 
 What the run changes is applied to the traced copy the way the run applies it:
 activation checkpointing with the run's own ``apply_activation_checkpointing`` on the
@@ -35,6 +37,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.utils._pytree import tree_map
+from torch.utils.flop_counter import FlopCounterMode
 
 from lerobot_kit.core.data.dataset import DatasetMeta, pad_key
 from lerobot_kit.core.data.windows import expand_delta_indices
@@ -109,7 +112,7 @@ class TrainStep:
 
 
 class StepTracer:
-    """Peak activation bytes of ``step`` at any batch size, with or without checkpointing.
+    """Peak activation bytes and FLOPs of ``step`` at any batch size, with or without checkpointing.
 
     The fake model is made once and reused by every trace (gradients cleared between
     them), because giving a large policy fake parameters costs as much as a trace.
@@ -135,13 +138,26 @@ class StepTracer:
                 _compute_like_fsdp(self._model, step.fsdp)
 
     def peak_bytes(self, batch_size: int) -> int:
-        step, model = self._step, self._model
         timeline = StorageTimeline()
+        grads = self._run(batch_size, timeline)
+        return timeline.peak_bytes(excluding=grads)
+
+    def flops(self, batch_size: int) -> int:
+        """Matrix products, convolutions and attention, forward and backward (recomputation
+        included), counted in a trace of their own: the counter decomposes ops it has no
+        formula for and tracks modules, which would change the storages a memory trace sees."""
+        counter = FlopCounterMode(display=False)
+        self._run(batch_size, counter)
+        return int(counter.get_total_flops())
+
+    def _run(self, batch_size: int, watcher: contextlib.AbstractContextManager[Any]) -> list[torch.Tensor]:
+        """One step at ``batch_size`` under ``watcher``; the gradients it left (then cleared)."""
+        step, model = self._step, self._model
         autocast = (
             torch.autocast(device_type="cpu", dtype=step.autocast) if step.autocast else contextlib.nullcontext()
         )
         try:
-            with self._mode, timeline:
+            with self._mode, watcher:
                 batch = {k: torch.empty((batch_size, *shape), dtype=dtype) for k, (shape, dtype) in step.item.items()}
                 batch = step.preprocessor(batch)
                 with autocast:
@@ -151,9 +167,8 @@ class StepTracer:
                 UnboundedSize) as exc:
             raise UntraceableStep(f"the policy's step depends on tensor values ({_first_line(exc)})") from exc
         grads = [p.grad for p in model.parameters() if p.grad is not None]
-        peak = timeline.peak_bytes(excluding=grads)
         model.zero_grad(set_to_none=True)
-        return peak
+        return grads
 
 
 def _first_line(exc: Exception) -> str:

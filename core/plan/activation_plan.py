@@ -1,11 +1,12 @@
 """The activation figures of ``lerobot plan``: one traced step at ``--batch_size`` with and
-without activation checkpointing, and on request the largest batch a device holds.
+without activation checkpointing, its FLOPs, and on request the largest batch a device holds.
 
 Both figures are always given, whatever ``--accelerator.activation_checkpointing`` says,
 because the plan is where one decides whether to turn it on. The checkpointed figure
 uses the units the run would checkpoint: the run's wrap units when it has them, else
 the ones ``resolve_wrap_units`` picks once checkpointing is on — the same call the run
-makes, so a plan and a run cannot disagree on them.
+makes, so a plan and a run cannot disagree on them. The FLOPs are the step's without
+checkpointing's recomputation: the model's work, which model FLOP utilisation divides by.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class ActivationPlan:
     item: ItemShapes  # one dataset item's tensors, as the traced batch stacks them
     peak_bytes: int | None  # without activation checkpointing; None when not traced
     checkpointed_peak_bytes: int | None  # with it; None when not traced or no unit to checkpoint
+    step_flops: int | None  # forward and backward at batch_size, without recomputation; None when not traced
     checkpoint_units: int  # how many modules checkpointing wraps (the outermost units)
     checkpointing: bool  # the run's flags turn it on
     not_traced: str | None  # why there are no figures at all
@@ -62,6 +64,7 @@ class ActivationPlan:
             "counted": COUNTED,
             "peak_bytes": self.peak_bytes,
             "checkpointed_peak_bytes": self.checkpointed_peak_bytes,
+            "step_flops": self.step_flops,
             "checkpoint_units": self.checkpoint_units,
             "activation_checkpointing": self.checkpointing,
             "not_traced": self.not_traced,
@@ -109,13 +112,14 @@ def plan_activations(
             **figures,
             peak_bytes=plain.peak_bytes(config.batch_size),
             checkpointed_peak_bytes=checkpointed.peak_bytes(config.batch_size) if checkpointed else None,
+            step_flops=plain.flops(config.batch_size),
             not_traced=None,
             no_checkpointing=no_checkpointing,
             fit=fit,
         )
     except UntraceableStep as exc:
         return ActivationPlan(
-            **figures, peak_bytes=None, checkpointed_peak_bytes=None, not_traced=str(exc),
+            **figures, peak_bytes=None, checkpointed_peak_bytes=None, step_flops=None, not_traced=str(exc),
             no_checkpointing=no_checkpointing, fit=None,
         )
 
@@ -131,6 +135,9 @@ class _Traces:
         if batch_size not in self._bytes:
             self._bytes[batch_size] = self._tracer.peak_bytes(batch_size)
         return self._bytes[batch_size]
+
+    def flops(self, batch_size: int) -> int:
+        return self._tracer.flops(batch_size)
 
 
 def _checkpoint_units(built: BuiltModel, spec: RunSpec) -> tuple[WrapUnits, str | None]:

@@ -1,4 +1,5 @@
-"""``lerobot plan``'s activation figures against the peak of real CPU steps.
+"""``lerobot plan``'s activation figures against the peak of real CPU steps, and its FLOPs
+against the count of a real step.
 
 Run as a script, this file is the measuring child (``python test_plan_activations.py
 <dir>``): for each scenario it builds the policy as ``lerobot train`` does (``build_model``
@@ -15,7 +16,8 @@ backward), because the plan counts gradients in their own row. The step starts b
 copying the batch, which is what ``.to(device)`` does in a GPU run (on the CPU it is a
 no-op, and the batch would otherwise sit in the loader's memory outside the window).
 The allocator's record is read through ``experimental_event_tree``: the public event
-list sums memory per op and has no addresses.
+list sums memory per op and has no addresses. Without checkpointing, the same step is then
+run again under ``torch.utils.flop_counter.FlopCounterMode`` on the real tensors.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests folder
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from lerobot_kit.core.config.flags import parse_train_config  # noqa: E402
@@ -59,7 +62,9 @@ CHECKPOINTING = "--accelerator.activation_checkpointing=true"
 TOLERANCE = 0.02  # docs/planning.md quotes it; the largest gap measured was 0.8% (checkpointed, batch 8)
 
 
-def _measured_peak(flags: list[str], batch_size: int) -> int:
+def _measured(flags: list[str], batch_size: int) -> tuple[int, int | None]:
+    """The step's peak bytes, and its FLOPs when it is not checkpointed (recomputation
+    would count the forward twice, which the plan's figure leaves out)."""
     config = parse_train_config([*flags, f"--batch_size={batch_size}"])
     spec = resolve_run(config, 1)
     dataset = build_dataset(config)
@@ -75,7 +80,16 @@ def _measured_peak(flags: list[str], batch_size: int) -> int:
             loss, _logs = parallel.module(batch)
         loss.backward()
     grads = {p.grad.data_ptr() for p in parallel.model.parameters() if p.grad is not None}
-    return _peak_without(_allocations(prof), grads)
+    peak = _peak_without(_allocations(prof), grads)
+    if CHECKPOINTING in flags:
+        return peak, None
+    counter = FlopCounterMode(display=False)
+    with counter:
+        batch = preprocessor({key: value.clone() for key, value in loaded.items()})
+        with torch.autocast("cpu", dtype=amp) if amp else contextlib.nullcontext():
+            loss, _logs = parallel.module(batch)
+        loss.backward()
+    return peak, int(counter.get_total_flops())
 
 
 def _allocations(prof: profile) -> list[tuple[int, int, int]]:
@@ -109,7 +123,7 @@ def _peak_without(events: list[tuple[int, int, int]], left_out: set[int]) -> int
 
 def _child(outdir: Path) -> None:
     measured = {
-        f"{name} batch {batch_size}{' AC' if checkpointed else ''}": _measured_peak(
+        f"{name} batch {batch_size}{' AC' if checkpointed else ''}": _measured(
             [*flags, CHECKPOINTING] if checkpointed else flags, batch_size
         )
         for name, (flags, batch_sizes) in SCENARIOS.items()
@@ -122,7 +136,7 @@ def _child(outdir: Path) -> None:
 @pytest.mark.timeout(600)  # ~20 s on an idle 2-core machine; the margin is for a shared one
 def test_plan_activations_match_real_cpu_steps(tmp_path: Path) -> None:
     """Within 2% of the measured peak at two batch sizes, with and without activation
-    checkpointing, in float32 and under bf16 autocast.
+    checkpointing, in float32 and under bf16 autocast; the step's FLOPs exactly.
 
     The plan comes from the flags without checkpointing, so its checkpointed figure also
     shows that the plan picks the units the run checkpoints once the flag is on.
@@ -131,17 +145,23 @@ def test_plan_activations_match_real_cpu_steps(tmp_path: Path) -> None:
                              stderr=subprocess.STDOUT, text=True)
     try:  # the plan is traced while the child measures
         planned: dict[str, Any] = {}
+        planned_flops: dict[str, int | None] = {}
         for name, (flags, batch_sizes) in SCENARIOS.items():
             for batch_size in batch_sizes:
                 acts = plan_run(parse_train_config([*flags, f"--batch_size={batch_size}"]), 1).activations
                 planned[f"{name} batch {batch_size}"] = acts.peak_bytes
                 planned[f"{name} batch {batch_size} AC"] = acts.checkpointed_peak_bytes
+                planned_flops[f"{name} batch {batch_size}"] = acts.step_flops
         output, _ = child.communicate(timeout=540)
     finally:
         child.kill()
     assert child.returncode == 0, output
-    measured = json.loads((tmp_path / "measured.json").read_text())
+    measured_both = json.loads((tmp_path / "measured.json").read_text())
+    measured = {key: peak for key, (peak, _flops) in measured_both.items()}
+    measured_flops = {key: flops for key, (_peak, flops) in measured_both.items() if flops is not None}
     assert measured.keys() == planned.keys()
+    assert planned_flops == measured_flops
+    assert measured_flops["fp32 batch 32"] == 4 * measured_flops["fp32 batch 8"] > 0
     ratios = {key: planned[key] / measured[key] for key in measured}
     report = "; ".join(f"{key}: plan {planned[key]} / measured {measured[key]} = {r:.3f}" for key, r in ratios.items())
     assert all(abs(r - 1) <= TOLERANCE for r in ratios.values()), report

@@ -55,6 +55,8 @@ def test_activations_are_planned_with_and_without_checkpointing() -> None:
     on = _plan([*sizes, "--accelerator.activation_checkpointing=true"], 1)["activations"]
     assert on["activation_checkpointing"] is True
     assert (on["peak_bytes"], on["checkpointed_peak_bytes"]) == (acts["peak_bytes"], acts["checkpointed_peak_bytes"])
+    # The model's FLOPs, not the recomputing run's: checkpointing leaves them as they are.
+    assert on["step_flops"] == acts["step_flops"] > 0
 
 
 def test_a_policy_without_wrap_units_has_no_checkpointed_figure(monkeypatch: pytest.MonkeyPatch) -> None:
