@@ -36,6 +36,15 @@ LEROBOT_ACT = ["--policy.dim_model=512", "--policy.n_heads=8", "--policy.dim_fee
                "--policy.n_encoder_layers=4", "--policy.n_decoder_layers=1", "--policy.n_vae_encoder_layers=4",
                "--policy.chunk_size=100", "--policy.n_action_steps=100", "--policy.dropout=0.1"]
 
+# Dense bf16 tensor-core peak of a GPU by name (NVIDIA's data sheets), for MFU.
+PEAK_BF16_FLOPS = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12}
+
+
+def peak_bf16_flops(gpu_name: str | None) -> float | None:
+    """The dense bf16 peak of the GPU ``torch.cuda.get_device_name`` calls ``gpu_name``; None if unknown."""
+    return next((flops for name, flops in PEAK_BF16_FLOPS.items() if name in (gpu_name or "")), None)
+
+
 # Variables of an outer launch or of the user's Accelerate setup, which would leak into ours.
 _LAUNCH_PREFIXES = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_", "TORCHELASTIC_", "SLURM_",

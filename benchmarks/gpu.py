@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import LEROBOT_ACT, REPO, console_script, logged_rows, result_header
+from _common import LEROBOT_ACT, REPO, console_script, logged_rows, peak_bf16_flops, result_header
 
 ACT_LEROBOT = [*LEROBOT_ACT, "--policy.vision_backbone=resnet18"]
 ACT_TOY = ["--policy.dim_model=32", "--policy.n_heads=2", "--policy.dim_feedforward=64",
@@ -62,8 +62,6 @@ SETTINGS = [
     ("bf16 + activation checkpointing, 12 workers", 64, [BF16, AC, WORKERS_12]),
     ("bf16 + compile, 12 workers", 64, [BF16, COMPILE, WORKERS_12]),
 ]
-# Dense bf16 tensor-core peak of the GPU (NVIDIA's data sheets), for MFU.
-PEAK_BF16_FLOPS = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12}
 
 
 class Report:
@@ -296,7 +294,7 @@ def speed_matrix(report: Report, work: Path, smoke: bool, select: list[str]) -> 
     for batch in sorted({b for _, b, _ in settings}):
         flops[batch] = step_flops([*model, *data, f"--batch_size={batch}"], work)
     report.data["machine"]["step_flops"] = flops
-    peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in (report.data["machine"].get("gpu") or "")), None)
+    peak = peak_bf16_flops(report.data["machine"].get("gpu"))
     env = {"TORCHINDUCTOR_CACHE_DIR": str(work / "inductor")}
     for index, (name, batch, extra) in enumerate(settings):
         out_dir = work / f"speed{index}"

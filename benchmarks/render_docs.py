@@ -198,16 +198,21 @@ def render_plan_table(data: dict[str, Any], spec: Spec) -> str:
     return "\n".join([PLAN_TABLE_HEADER, *map(plan_table_row, data["plan"]["rows"])])
 
 
-COMPARISON_ROWS = (("samples/s", "samples_per_s", "{:.2f}"), ("data-wait share", "data_wait_share", "{:.1%}"),
+COMPARISON_ROWS = (("samples/s", "samples_per_s", "{:.2f}"), ("MFU", "mfu", "{:.1%}"),
+                   ("peak GPU memory, allocated (GiB)", "peak_gpu_gib", "{:.2f}"),
+                   ("data-wait share", "data_wait_share", "{:.1%}"),
                    ("peak RSS, training process (GiB)", "peak_rss_gib", "{:.2f}"),
                    ("peak PSS, process tree (GiB)", "peak_pss_gib", "{:.2f}"),
                    ("time to first step (s)", "first_step_s", "{:.1f}"))
 
 
 def comparison_table(theirs: dict[str, float], ours: dict[str, float]) -> str:
-    """LeRobot's ``lerobot-train`` beside the bridge (``tools/benchmark.py`` prints this too)."""
+    """LeRobot's ``lerobot-train`` beside the bridge (``tools/benchmark.py`` prints this too);
+    the GPU's rows only where both runs have them."""
     lines = ["| | LeRobot `lerobot-train` | lerobot-kit `lerobot train` | ours / theirs |", "| --- | --- | --- | --- |"]
     for label, key, fmt in COMPARISON_ROWS:
+        if key not in theirs or key not in ours:
+            continue
         ratio = f"{ours[key] / theirs[key]:.2f}x" if theirs[key] else "-"
         lines.append(f"| {label} | {fmt.format(theirs[key])} | {fmt.format(ours[key])} | {ratio} |")
     return "\n".join(lines)

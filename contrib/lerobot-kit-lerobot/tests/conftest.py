@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from toy_dataset import ACTION_DIM, make_dataset  # noqa: E402 - tools/ is not a package
-from vla_assets import write_smolvlm, write_tokenizer  # noqa: E402
+from vla_assets import PI_SIZES, REDUCED_PI, REDUCED_SMOLVLA, write_smolvlm, write_tokenizer  # noqa: E402
 
 BIN = Path(sys.executable).parent
 REPO_ID = "bridge/reach"
@@ -39,31 +39,13 @@ TINY_DIFFUSION = [
 ]
 
 
-# π0.5 and π0 built by LeRobot's own classes at a size two CPU processes train in seconds
-# (--policy.sizes; LeRobot's joint attention needs 8 heads per tower, and one head_dim).
-# Depth 6, so that each joint layer pair is a small part of the model, as at full size.
-PI_SIZES = (
-    '{"vocab_size": 320, '
-    '"gemma_2b": {"width": 64, "depth": 6, "mlp_dim": 256, "num_heads": 8, "num_kv_heads": 1, "head_dim": 8}, '
-    '"gemma_300m": {"width": 32, "depth": 6, "mlp_dim": 128, "num_heads": 8, "num_kv_heads": 1, "head_dim": 8}, '
-    '"vision": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, '
-    '"patch_size": 16}}'
-)
-VLA_COMMON = [
-    "--policy.chunk_size=4", "--policy.n_action_steps=4", "--policy.max_state_dim=8", "--policy.max_action_dim=8",
-    "--policy.tokenizer_max_length=24",
-]
-
-
 def tiny_pi(assets: Path, lerobot_type: str = "pi05") -> list[str]:
-    return [f"--policy.type=lerobot_{lerobot_type}", f"--policy.tokenizer_name={assets / 'tokenizer'}",
-            *VLA_COMMON, "--policy.image_resolution=[64,64]", f"--policy.sizes={PI_SIZES}"]
+    return [f"--policy.type=lerobot_{lerobot_type}", f"--policy.tokenizer_name={assets / 'tokenizer'}", *REDUCED_PI,
+            f"--policy.sizes={PI_SIZES}"]
 
 
 def tiny_smolvla(assets: Path) -> list[str]:
-    return ["--policy.type=lerobot_smolvla", f"--policy.vlm_model_name={assets / 'smolvlm'}", *VLA_COMMON,
-            "--policy.num_vlm_layers=4", "--policy.resize_imgs_with_padding=[64,64]",
-            "--policy.expert_width_multiplier=0.5"]
+    return ["--policy.type=lerobot_smolvla", f"--policy.vlm_model_name={assets / 'smolvlm'}", *REDUCED_SMOLVLA]
 
 
 def env(tmp: Path) -> dict[str, str]:

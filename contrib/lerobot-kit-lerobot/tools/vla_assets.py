@@ -12,12 +12,35 @@ own ``save_pretrained`` so the runs and LeRobot read them as they would the real
 
 No weights: SmolVLA builds its VLM from the config (``load_vlm_weights=false``, LeRobot's
 default) and π0/π0.5 start from random weights.
+
+Also the reduced sizes the tests and ``tools/benchmark.py --size=reduced`` train at: flags
+of LeRobot's own config fields (so ``lerobot-train`` takes them too), and the
+``--policy.sizes`` JSON of the bridge's π0/π0.5.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+# π0.5 and π0 built by LeRobot's own classes at a size two CPU processes train in seconds
+# (--policy.sizes; LeRobot's joint attention needs 8 heads per tower, and one head_dim).
+# Depth 6, so that each joint layer pair is a small part of the model, as at full size.
+PI_SIZES = (
+    '{"vocab_size": 320, '
+    '"gemma_2b": {"width": 64, "depth": 6, "mlp_dim": 256, "num_heads": 8, "num_kv_heads": 1, "head_dim": 8}, '
+    '"gemma_300m": {"width": 32, "depth": 6, "mlp_dim": 128, "num_heads": 8, "num_kv_heads": 1, "head_dim": 8}, '
+    '"vision": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, '
+    '"patch_size": 16}}'
+)
+REDUCED_VLA = [
+    "--policy.chunk_size=4", "--policy.n_action_steps=4", "--policy.max_state_dim=8", "--policy.max_action_dim=8",
+    "--policy.tokenizer_max_length=24",
+]
+REDUCED_PI = [*REDUCED_VLA, "--policy.image_resolution=[64,64]"]
+# With the tiny VLM of write_smolvlm, whose 4 text layers it keeps.
+REDUCED_SMOLVLA = [*REDUCED_VLA, "--policy.num_vlm_layers=4", "--policy.resize_imgs_with_padding=[64,64]",
+                   "--policy.expert_width_multiplier=0.5"]
 
 SPECIAL_TOKENS = ["<pad>", "<unk>", "<bos>", "<eos>", "<image>", "<fake_token_around_image>", "<global-img>",
                   "<end_of_utterance>"]
