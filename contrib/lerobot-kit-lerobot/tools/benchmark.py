@@ -168,7 +168,10 @@ def run(name: str, args: list[str], workdir: Path, extra_env: dict[str, str], pi
 
 
 def tool_in_this_process(name: str, peak_file: str, pi_sizes_json: str, args: list[str]) -> None:
-    """The child: ``lerobot-train`` or ``lerobot train`` run here, the GPU's peak recorded at exit."""
+    """The child: the installed console script of ``lerobot-train`` or ``lerobot`` (``train``),
+    called in this process, the GPU's peak recorded at exit."""
+    from importlib.metadata import entry_points
+
     import torch
 
     def record() -> None:
@@ -176,23 +179,17 @@ def tool_in_this_process(name: str, peak_file: str, pi_sizes_json: str, args: li
             Path(peak_file).write_text(json.dumps({"allocated": torch.cuda.max_memory_allocated()}))
 
     atexit.register(record)
-    if name == OURS:
-        from lerobot_kit.cli.main import cli
-
-        sys.argv = ["lerobot", "train", *args]
-        cli()
-        return
-    from lerobot.scripts.lerobot_train import main
-
+    script, argv = ("lerobot", ["train", *args]) if name == OURS else ("lerobot-train", args)
+    (entry,) = entry_points(group="console_scripts", name=script)
     sized: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if pi_sizes_json:  # --size=reduced: LeRobot's π0.5 built by its own classes at the bridge tests' sizes
         from lerobot_kit_lerobot.bridge_fields import PiSizes
         from lerobot_kit_lerobot.pi_overrides import pi_sizes
 
         sized = pi_sizes("pi05", PiSizes.model_validate_json(pi_sizes_json))
-    sys.argv = ["lerobot-train", *args]
+    sys.argv = [script, *argv]
     with sized:
-        main()
+        entry.load()()
 
 
 def step_flops(flags: list[str], workdir: Path) -> subprocess.Popen[str]:
@@ -266,6 +263,8 @@ def main() -> None:
     parser.add_argument("--episode_length", type=int, default=60)
     parser.add_argument("--image", default="96x128", help="Camera height x width.")
     parser.add_argument("--json", type=Path, help="Also write the figures, date, machine and versions to this file.")
+    parser.add_argument("--prepare_only", action="store_true",
+                        help="Write the dataset and the policy's stand-in files into --workdir, train nothing.")
     args = parser.parse_args()
     if args.size == "reduced" and args.policy == "act":
         parser.error("--size=reduced is for --policy=smolvla and --policy=pi05; ACT runs at LeRobot's sizes anywhere")
@@ -277,6 +276,8 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
         make_dataset(root, REPO_ID, episodes=args.episodes, length=args.episode_length, image_hw=(height, width))
     shared, ours_only = policy_flags(args.policy, args.size, args.workdir)
+    if args.prepare_only:
+        return
     ours_precision, theirs_precision, theirs_env = precision_settings(args.policy, args.precision)
     common = [f"--dataset.repo_id={REPO_ID}", f"--dataset.root={root}", f"--batch_size={args.batch_size}",
               f"--steps={args.steps}", f"--num_workers={args.num_workers}", "--log_freq=1", "--seed=1000",
