@@ -24,7 +24,9 @@ Stable:
   weight shapes checked by ``inspect-checkpoint`` and ``convert-dcp``;
 * dataset contract: ``PolicyDataset``, ``InMemoryDataset``, ``DatasetMeta``,
   ``FeatureSpec``, ``compute_stats``, the item keys ``STATE_KEY``, ``ACTION_KEY``,
-  ``IMAGE_PREFIX`` and ``pad_key``; for readers of their own: ``STAT_NAMES``,
+  ``IMAGE_PREFIX``, ``pad_key``, ``INDEX_KEY`` (the frame) and ``EPOCH_KEY`` (the epoch of
+  the data order a training batch's sample was drawn in: with ``INDEX_KEY`` it names one
+  draw of a frame on any layout and after a resume); for readers of their own: ``STAT_NAMES``,
   ``vector_stats`` and ``PixelStats`` (exact statistics of vectors and of uint8 frames),
   ``camera_to_float``, ``EpisodeWindows`` and ``expand_delta_indices`` (frame windows
   within an episode, padded at its ends);
@@ -60,7 +62,9 @@ from lerobot_kit.core.config.schema import DatasetConfig, EnvConfig, PolicyConfi
 from lerobot_kit.core.data.build import build_dataset
 from lerobot_kit.core.data.dataset import (
     ACTION_KEY,
+    EPOCH_KEY,
     IMAGE_PREFIX,
+    INDEX_KEY,
     STAT_NAMES,
     STATE_KEY,
     DatasetMeta,
@@ -131,7 +135,9 @@ __all__ = [
     "ADAPTER_WEIGHTS",
     "DCP_MODEL_DIR",
     "DEFAULT_MASTER_PORT",
+    "EPOCH_KEY",
     "IMAGE_PREFIX",
+    "INDEX_KEY",
     "MODEL_WEIGHTS",
     "STATE_KEY",
     "STAT_NAMES",

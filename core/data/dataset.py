@@ -25,6 +25,11 @@ if TYPE_CHECKING:
 IMAGE_PREFIX = "observation.images."
 STATE_KEY = "observation.state"
 ACTION_KEY = "action"
+# Where a sample comes from: its frame (every item holds it) and, in a training batch, the
+# epoch of the data order it was drawn in (the training loader adds it). Together they name
+# one draw of a frame on any number of ranks and after a resume, for randomness keyed by it.
+INDEX_KEY = "index"
+EPOCH_KEY = "epoch"
 STAT_NAMES = ("mean", "std", "min", "max")
 
 
@@ -160,7 +165,7 @@ class PolicyDataset:
     ``observation.images.<cam>`` float32 [3,H,W] in [0,1], every feature named in
     ``delta_indices`` stacked over its offsets (``action`` float32 [chunk, action_dim],
     a camera [T,3,H,W]) with a ``<feature>_is_pad`` bool mask (``core.data.windows``),
-    and ``episode_index``/``index`` int64 scalars.
+    and ``episode_index``/``index`` int64 scalars. The training loader adds ``epoch``.
 
     Map-style per frame, because exact resume replays a permutation of frame indices.
     Construction should read metadata only (``meta`` and the episode lengths), so that
@@ -262,5 +267,5 @@ class InMemoryDataset(PolicyDataset):
                 tensor = camera_to_float(tensor)
             item[key] = tensor
         item["episode_index"] = torch.tensor(self.episode_index[i], dtype=torch.int64)
-        item["index"] = torch.tensor(i, dtype=torch.int64)
+        item[INDEX_KEY] = torch.tensor(i, dtype=torch.int64)
         return item

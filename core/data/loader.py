@@ -16,7 +16,8 @@ and the benchmarks call it):
 - Randomness: an item's augmentation draws come from a generator seeded by
   ``(seed, epoch, sample index)`` — not from a worker's RNG — so the same sample gets
   the same augmentation whichever worker serves it, and a resumed run, with workers or
-  without, sees exactly the items of the uninterrupted run. Each worker's global RNGs
+  without, sees exactly the items of the uninterrupted run. Each item carries that epoch
+  (``EPOCH_KEY``) beside its ``index``, for a policy that draws per sample the same way. Each worker's global RNGs
   (torch, numpy, random) are seeded from ``(seed, rank, epoch, worker)`` for anything a
   dataset plugin draws on its own.
 - Faults: a ``LerobotError`` raised while a worker builds an item (a missing or corrupt
@@ -42,7 +43,7 @@ from torch.utils.data import DataLoader, default_collate
 
 from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.data.blocks import BlockPlan, EpochPlan, epoch_starts
-from lerobot_kit.core.data.dataset import PolicyDataset, camera_to_float
+from lerobot_kit.core.data.dataset import EPOCH_KEY, PolicyDataset, camera_to_float
 from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
 from lerobot_kit.core.errors import LerobotError
 
@@ -120,6 +121,8 @@ class TrainingItems:
                 generator = torch.Generator().manual_seed(sample_seed(self.seed, epoch, index))
                 for camera in self.cameras:
                     item[camera] = self.augment(camera_to_float(item[camera]), generator)
+        for (epoch, _), item in zip(keys, items):
+            item[EPOCH_KEY] = torch.tensor(epoch, dtype=torch.int64)
         return items
 
     def __getitem__(self, key: tuple[int, int]) -> Batch:

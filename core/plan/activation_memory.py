@@ -39,7 +39,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
-from lerobot_kit.core.data.dataset import DatasetMeta, pad_key
+from lerobot_kit.core.data.dataset import EPOCH_KEY, INDEX_KEY, DatasetMeta, pad_key
 from lerobot_kit.core.data.windows import expand_delta_indices
 from lerobot_kit.core.errors import ConfigError
 from lerobot_kit.core.parallel.activation_checkpointing import apply_activation_checkpointing
@@ -58,7 +58,7 @@ def item_shapes(meta: DatasetMeta, delta_indices: dict[str, list[int]]) -> ItemS
     """Shape and dtype of every tensor of one dataset item, from the metadata alone (no frame
     is read), following ``PolicyDataset``'s item contract: images as float32, features the
     policy stacks over frame offsets as ``[offsets, *shape]`` with a bool ``_is_pad`` mask,
-    and the int64 ``episode_index`` / ``index`` scalars."""
+    the int64 ``episode_index`` / ``index`` scalars, and the ``epoch`` the training loader adds."""
     offsets = expand_delta_indices(delta_indices, {k: f.is_image for k, f in meta.features.items()})
     shapes: ItemShapes = {}
     for key, spec in meta.features.items():
@@ -74,7 +74,7 @@ def item_shapes(meta: DatasetMeta, delta_indices: dict[str, list[int]]) -> ItemS
             shapes[pad_key(key)] = ((steps,), torch.bool)
         else:
             shapes[key] = (tuple(spec.shape), dtype)
-    shapes["episode_index"] = shapes["index"] = ((), torch.int64)
+    shapes["episode_index"] = shapes[INDEX_KEY] = shapes[EPOCH_KEY] = ((), torch.int64)
     return shapes
 
 

@@ -13,11 +13,13 @@ import pytest
 import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
-from torch.utils.data import DataLoader
 
 from lerobot_dataset_factory import write_lerobot_dataset
 from lerobot_kit.core.config.flags import parse_train_config
+from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.data.build import build_dataset
+from lerobot_kit.core.data.loader import build_loader
+from lerobot_kit.core.data.sampler import DataPosition
 from lerobot_kit.core.plan.activation_memory import (
     FSDPCompute,
     StepTracer,
@@ -58,6 +60,13 @@ def test_storages_of_inputs_are_never_counted() -> None:
     assert timeline.peak_bytes() == 0
 
 
+def _trainer_batch(flags: list[str]) -> tuple[dict[str, torch.Tensor], TrainConfig]:
+    """The first batch the training loader hands the trainer (its ``epoch`` key included), and the config."""
+    config = parse_train_config([*flags, "--num_workers=0"])
+    loader = build_loader(build_dataset(config), config, 1, 0, DataPosition(), torch.device("cpu"))
+    return next(iter(loader)), config
+
+
 def _shapes_of(batch: dict[str, torch.Tensor]) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """The tensors' per-sample shapes; a LeRobot dataset's task text is no tensor, and a plan traces none."""
     return {key: (tuple(value.shape[1:]), value.dtype) for key, value in batch.items() if isinstance(value, torch.Tensor)}
@@ -72,21 +81,18 @@ def _shapes_of(batch: dict[str, torch.Tensor]) -> dict[str, tuple[tuple[int, ...
     ids=["act", "diffusion"],
 )
 def test_item_shapes_are_those_of_a_loaded_batch(flags: list[str]) -> None:
-    config = parse_train_config(["--dataset.num_episodes=2", "--dataset.episode_length=10", *flags])
-    dataset = build_dataset(config)
-    shapes = item_shapes(dataset.meta, config.policy.delta_indices())
-    assert shapes == _shapes_of(next(iter(DataLoader(dataset, batch_size=3))))
+    batch, config = _trainer_batch(["--dataset.num_episodes=2", "--dataset.episode_length=10", "--batch_size=3", *flags])
+    shapes = item_shapes(build_dataset(config).meta, config.policy.delta_indices())
+    assert shapes == _shapes_of(batch)
 
 
 def test_item_shapes_of_a_lerobot_dataset_with_two_cameras(tmp_path: Path) -> None:
     write_lerobot_dataset(tmp_path, [6, 9], image=True, video=True)
-    config = parse_train_config(
-        ["--dataset.repo_id=user/x", f"--dataset.root={tmp_path}", "--policy.type=diffusion", "--policy.n_obs_steps=2"]
-    )
-    dataset = build_dataset(config)
-    shapes = item_shapes(dataset.meta, config.policy.delta_indices())
+    batch, config = _trainer_batch(["--dataset.repo_id=user/x", f"--dataset.root={tmp_path}", "--policy.type=diffusion",
+                                    "--policy.n_obs_steps=2", "--batch_size=2"])
+    shapes = item_shapes(build_dataset(config).meta, config.policy.delta_indices())
     assert sum(key.startswith("observation.images.") for key in shapes) == 4  # two cameras and their pad masks
-    assert shapes == _shapes_of(next(iter(DataLoader(dataset, batch_size=2))))
+    assert shapes == _shapes_of(batch)
 
 
 class _Seen(nn.Module):

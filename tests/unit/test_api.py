@@ -16,7 +16,7 @@ from conftest import TINY_ACT
 STABLE = {
     "hookimpl", "TrainConfig", "PolicyConfig", "DatasetConfig", "parse_train_config", "build_dataset",
     "build_policy", "load_pretrained", "load_peft_model", "merge_adapter", "Policy", "PolicyProcessor", "PolicyDataset", "InMemoryDataset", "DatasetMeta", "FeatureSpec",
-    "compute_stats", "STATE_KEY", "ACTION_KEY", "IMAGE_PREFIX", "pad_key", "CheckpointFormat", "write_gathered",
+    "compute_stats", "STATE_KEY", "ACTION_KEY", "IMAGE_PREFIX", "pad_key", "INDEX_KEY", "EPOCH_KEY", "CheckpointFormat", "write_gathered",
     "write_shards", "load_any_weights", "read_safetensors", "is_peft_model", "MODEL_WEIGHTS", "ADAPTER_WEIGHTS",
     "DCP_MODEL_DIR", "ModelWeights", "model_weights", "gathered_state", "write_weights_file", "load_state",
     "Launcher", "LaunchEnv", "env_int", "LerobotError", "ConfigError", "CheckpointError",

@@ -60,6 +60,11 @@ def test_workers_and_augmentations_give_the_batches_of_one_process_and_resume_ex
     assert all(changed)  # augmentations are on, and draw differently for each sample
     assert all(torch.equal(p["action"], a["action"]) for p, a in zip(plain, alone))  # cameras only
     assert all(torch.equal(p["index"], a["index"]) for p, a in zip(plain, alone))
+    # Each sample names the epoch of the order it was drawn in: 7 batches of epoch 0, then epoch 1
+    # (the resumed loader's too); with its index, one draw of a frame.
+    assert [b["epoch"].tolist() for b in alone] == [[0] * 4] * 7 + [[1] * 4] * 5
+    draws = [(e, i) for b in alone[:7] for e, i in zip(b["epoch"].tolist(), b["index"].tolist())]
+    assert len(set(draws)) == len(draws) == 28
 
 
 def test_ranks_load_disjoint_slices_of_each_global_batch(tmp_path: Path) -> None:

@@ -51,8 +51,9 @@ def test_fsdp2_shards_each_joint_layer_pair_and_equals_one_process(runs: dict) -
         assert trainable < total / 2
     one, two = losses(runs["single"]), losses(runs["fsdp"])
     assert len(one) == len(two) == STEPS
-    # The same global batch, the same per-sample noise: the same losses, to float rounding.
-    assert two[:5] == pytest.approx(one[:5], rel=1e-4)
+    # The same global batch, the same per-sample noise: the same losses, to float rounding,
+    # also in the second epoch (96 frames: steps 13 to 16), where a frame is met on another rank.
+    assert two == pytest.approx(one, rel=1e-4)
     # Flow matching's loss is noisy step to step (fresh noise and time per sample): it falls
     # from the untrained first step's and stays below.
     assert sum(two[-8:]) / 8 < 0.8 * two[0], two
@@ -69,18 +70,17 @@ def test_lerobot_loads_the_fsdp2_checkpoint_and_acts(runs: dict, work: Path, dat
 
 
 def test_fsdp2_run_resumes_on_one_process(runs: dict, work: Path, dataset_root: Path) -> None:
-    """Stopped after step 8 under FSDP(2), continued by one process on the same global batch.
-    (The per-sample noise counts forwards from the resume, so the losses are the run's kind,
-    not its exact numbers.)"""
+    """Stopped after step 8 under FSDP(2), continued by one process on the same global batch:
+    the same batches and per-sample noise as the uninterrupted run, so its losses."""
     kind = runs["kind"]
     resumed = copy_crashed(runs["fsdp"], 8, work / f"{kind}_resumed")
     config = resumed / "checkpoints" / "last" / "pretrained_model" / "train_config.json"
     result = train(work, "--resume=true", f"--config_path={config}", "--parallelism.dp_shard=null",
                    "--batch_size=8", root=dataset_root)
     assert "layout single" in result.stderr and f"steps 8→{STEPS}" in result.stderr
-    got, untrained = losses(resumed), losses(runs["fsdp"])[0]
-    assert len(got) == STEPS and all(torch.isfinite(torch.tensor(got)))
-    assert sum(got[8:]) / 8 < 0.8 * untrained, got  # it went on from the trained weights
+    got, uninterrupted = losses(resumed), losses(runs["fsdp"])
+    assert len(got) == STEPS
+    assert got[8:] == pytest.approx(uninterrupted[8:], rel=1e-4)
     policy, _, _ = load_with_lerobot(resumed / "checkpoints" / f"{STEPS:06d}" / "pretrained_model", kind)
     assert policy.config.chunk_size == 4
 

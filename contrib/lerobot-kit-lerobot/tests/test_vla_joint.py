@@ -48,6 +48,7 @@ def batch() -> dict[str, torch.Tensor]:
         "observation.language.tokens": torch.randint(0, 300, (BATCH, 12), generator=gen),
         "observation.language.attention_mask": torch.arange(12).expand(BATCH, 12) < torch.tensor([[12], [7], [9]]),
         "index": torch.tensor([4, 17, 30]),
+        "epoch": torch.tensor([2, 2, 2]),
     }
 
 
@@ -140,26 +141,29 @@ def test_lora_targets_are_lerobots(kind: str, vla_assets: Path) -> None:
 
 
 def test_per_sample_draws_do_not_depend_on_the_split(vla_assets: Path) -> None:
-    """Noise and time of a sample are the same drawn in a batch of three or of one, and
-    differ between samples and between visits of the same frame."""
+    """Noise and time of a sample are the same drawn in a batch of three or of one, again
+    in the same epoch (a resumed run), and differ between samples and between epochs."""
     model = lerobot_policy("pi05", vla_assets).model
     draws = PerSampleDraws(model, seed=3)
     whole = batch()
     with draws.for_batch(whole):
         noise, time = model.sample_noise((BATCH, 4, 8), "cpu"), model.sample_time(BATCH, "cpu")
     other = lerobot_policy("pi05", vla_assets).model  # another rank, holding one of the three samples
-    with PerSampleDraws(other, seed=3).for_batch({"index": whole["index"][1:2]}):
+    with PerSampleDraws(other, seed=3).for_batch({"index": whole["index"][1:2], "epoch": whole["epoch"][1:2]}):
         one_noise, one_time = other.sample_noise((1, 4, 8), "cpu"), other.sample_time(1, "cpu")
     assert torch.equal(one_noise[0], noise[1]) and torch.equal(one_time[0], time[1])
     assert not torch.equal(noise[0], noise[1])
     with draws.for_batch(whole):
-        assert not torch.equal(model.sample_noise((BATCH, 4, 8), "cpu"), noise)  # a frame's next visit draws anew
-    assert draws.visits == {4: 2, 17: 2, 30: 2}
+        assert torch.equal(model.sample_noise((BATCH, 4, 8), "cpu"), noise)  # no state: the same epoch, the same draw
+    with draws.for_batch({**whole, "epoch": whole["epoch"] + 1}):
+        assert not torch.equal(model.sample_noise((BATCH, 4, 8), "cpu"), noise)  # a frame's next epoch draws anew
     assert 0 < float(time.min()) and float(time.max()) < 1  # LeRobot's Beta-distributed time
-    torch.manual_seed(5)
-    outside = model.sample_noise((2, 4, 8), "cpu")  # no batch: LeRobot's own draw from the global RNG
-    torch.manual_seed(5)
-    assert torch.equal(outside, torch.normal(0.0, 1.0, (2, 4, 8)))
+    for outside_a_run in ({}, {"index": whole["index"]}):  # no batch, or one no training loader made
+        with draws.for_batch(outside_a_run):
+            torch.manual_seed(5)
+            outside = model.sample_noise((2, 4, 8), "cpu")  # LeRobot's own draw from the global RNG
+        torch.manual_seed(5)
+        assert torch.equal(outside, torch.normal(0.0, 1.0, (2, 4, 8)))
 
 
 def test_quantile_normalisation_without_quantile_stats_is_one_clear_error() -> None:

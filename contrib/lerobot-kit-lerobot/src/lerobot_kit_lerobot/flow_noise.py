@@ -7,16 +7,16 @@ data-parallel rank has its own RNG, so two ranks draw other numbers for their ha
 batch than one process draws for the whole: FSDP(2) and one process would train
 different objectives. The bridge draws each sample's noise and time with LeRobot's own
 functions, from the RNG seeded by (the run's seed, the sample's frame index in the
-dataset, how many times this process has trained on that frame before): the same
-numbers for the same sample of the same step on any number of ranks and with any
-accumulation, with the same distributions as LeRobot's, and new numbers each time a
-frame comes back.
+dataset, the epoch of the data order it was drawn in), both of which lerobot-kit's
+training loader puts in every batch: the same numbers for the same sample on any number
+of ranks, with any accumulation and after a resume (the data order's epoch is part of
+the checkpoint), with the same distributions as LeRobot's, and new numbers each time a
+frame comes back in a later epoch (within one, the order holds each frame once).
 
-Inference (``select_action``) keeps LeRobot's draws from the global RNG. A resumed run
-counts its visits from zero again, so it draws other noise than the uninterrupted run
-would have (like dropout, the draws are not part of a checkpoint). A shape-only trace
-(``lerobot plan``, on fake tensors) gets tensors of LeRobot's shapes and dtype without a
-draw: LeRobot's Beta sampler checks its parameters by value, which a fake tensor has not.
+Inference (``select_action``), and a training batch without those keys, keep LeRobot's
+draws from the global RNG. A shape-only trace (``lerobot plan``, on fake tensors) gets
+tensors of LeRobot's shapes and dtype without a draw: LeRobot's Beta sampler checks its
+parameters by value, which a fake tensor has not.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ import torch
 from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
 
-INDEX_KEY = "index"
+from lerobot_kit.api import EPOCH_KEY, INDEX_KEY
+
 NOISE, TIME = 0, 1  # the two streams drawn per sample
 
 
@@ -46,8 +47,7 @@ class PerSampleDraws:
 
     def __init__(self, model: Any, seed: int) -> None:
         self.seed = seed
-        self.visits: dict[int, int] = {}  # frame index -> batches this process trained on it in
-        self._keys: list[tuple[int, int]] | None = None  # (frame, visit) per row of the current batch
+        self._keys: list[tuple[int, int]] | None = None  # (frame, epoch) per row of the current batch
         self._shape_only = False
         self._noise: Callable[..., Tensor] = model.sample_noise
         self._time: Callable[..., Tensor] = model.sample_time
@@ -56,9 +56,9 @@ class PerSampleDraws:
 
     @contextlib.contextmanager
     def for_batch(self, batch: dict[str, Any]) -> Iterator[None]:
-        """Per-sample draws for this training batch, keyed by its frames' ``index``."""
-        indices = batch.get(INDEX_KEY)
-        if indices is None:
+        """Per-sample draws for this training batch, keyed by its frames' index and epoch."""
+        indices, epochs = batch.get(INDEX_KEY), batch.get(EPOCH_KEY)
+        if indices is None or epochs is None:
             yield
             return
         if is_fake(indices):  # a shape-only trace (lerobot plan)
@@ -68,12 +68,8 @@ class PerSampleDraws:
             finally:
                 self._shape_only = False
             return
-        keys = []
-        for frame in indices.reshape(-1).tolist():
-            visit = self.visits.get(frame, 0)
-            self.visits[frame] = visit + 1
-            keys.append((int(frame), visit))
-        self._keys = keys
+        frames, drawn_in = indices.reshape(-1).tolist(), epochs.reshape(-1).tolist()
+        self._keys = [(int(frame), int(epoch)) for frame, epoch in zip(frames, drawn_in, strict=True)]
         try:
             yield
         finally:
@@ -83,9 +79,9 @@ class PerSampleDraws:
         assert self._keys is not None
         rows = []
         devices = [device] if device.type == "cuda" else []
-        for frame, visit in self._keys:
+        for frame, epoch in self._keys:
             with torch.random.fork_rng(devices=devices):
-                torch.manual_seed(sample_seed(self.seed, frame, visit, stream))
+                torch.manual_seed(sample_seed(self.seed, frame, epoch, stream))
                 rows.append(draw())
         return torch.cat(rows)
 

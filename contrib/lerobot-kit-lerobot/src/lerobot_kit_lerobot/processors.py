@@ -5,6 +5,10 @@ each checkpoint's ``pretrained_model/`` under the names ``policy_preprocessor`` 
 ``policy_postprocessor`` — LeRobot's own default names. Saving through the pipeline's
 ``save_pretrained`` therefore writes exactly the files LeRobot's
 ``make_pre_post_processors(config, pretrained_path=...)`` loads.
+
+LeRobot's pipelines keep only the batch keys LeRobot knows; the epoch lerobot-kit's
+training loader adds to a batch is carried past them, for the per-sample draws
+(``flow_noise``).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 
 from lerobot.processor import PolicyProcessorPipeline
 
-from lerobot_kit.api import PolicyProcessor
+from lerobot_kit.api import EPOCH_KEY, PolicyProcessor
 
 
 class LerobotProcessor(PolicyProcessor):
@@ -28,7 +32,10 @@ class LerobotProcessor(PolicyProcessor):
         self.pipeline = pipeline
 
     def __call__(self, batch: Any) -> Any:
-        return self.pipeline(batch)
+        processed = self.pipeline(batch)
+        if isinstance(batch, dict) and EPOCH_KEY in batch and isinstance(processed, dict):
+            processed[EPOCH_KEY] = batch[EPOCH_KEY]
+        return processed
 
     def save(self, directory: Path, name: str) -> None:
         self.pipeline.save_pretrained(Path(directory), config_filename=f"{name}.json")
