@@ -45,7 +45,7 @@ from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.data.blocks import BlockPlan, EpochPlan, epoch_starts
 from lerobot_kit.core.data.dataset import EPOCH_KEY, PolicyDataset, camera_to_float
 from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
-from lerobot_kit.core.errors import LerobotError
+from lerobot_kit.core.errors import ConfigError, LerobotError
 
 MAX_AUTO_WORKERS = 4  # LeRobot's default; more rarely helps a single GPU's step
 PREFETCH_BATCHES = 2  # per worker
@@ -319,6 +319,11 @@ def build_loader(
     device: torch.device,
 ) -> TrainingLoader:
     """The rank's batches from ``start`` on, as ``config`` asks."""
+    if EPOCH_KEY in dataset.meta.features:
+        raise ConfigError(
+            f"the dataset has a feature named {EPOCH_KEY!r}, the key under which training batches carry each "
+            "sample's epoch; rename that feature in the dataset (nothing was trained)"
+        )
     workers = config.num_workers
     if workers is None:
         workers = auto_num_workers(dp_world_size) if dataset.reads_on_demand else 0

@@ -16,6 +16,7 @@ from lerobot_kit.core.config.flags import parse_train_config
 from lerobot_kit.core.data.build import build_dataset
 from lerobot_kit.core.data.loader import auto_num_workers, build_loader, sample_seed
 from lerobot_kit.core.data.sampler import DataPosition
+from lerobot_kit.core.errors import ConfigError
 from lerobot_kit.plugins.datasets.lerobot.files import LeRobotDatasetError
 
 LENGTHS = [9, 14, 7]
@@ -155,3 +156,11 @@ def test_worker_rngs_are_seeded_from_seed_rank_epoch_and_worker() -> None:
         assert int(batch["torch"]) == int(torch.randint(0, 2**30, (), generator=torch.Generator().manual_seed(expected)))
         assert int(batch["numpy"]) == np.random.RandomState(expected % 2**32).randint(0, 2**30)
     assert len({sample_seed(7, 1, 3, 0), sample_seed(7, 1, 3, 1), sample_seed(7, 0, 3, 1), sample_seed(7, 1, 4, 0)}) == 4
+
+
+def test_a_dataset_feature_named_epoch_is_refused_not_overwritten() -> None:
+    config = parse_train_config(["--num_workers=0"])
+    dataset = build_dataset(config)
+    dataset.meta.features["epoch"] = dataset.meta.features["observation.state"]  # as a dataset that recorded one
+    with pytest.raises(ConfigError, match="feature named 'epoch'.*rename that feature"):
+        build_loader(dataset, config, 1, 0, DataPosition(), CPU)

@@ -75,7 +75,9 @@ sys.path.insert(0, str(REPO / "benchmarks"))  # the repository's result files an
 from _common import peak_bf16_flops, result_header  # noqa: E402
 from render_docs import comparison_table  # noqa: E402
 from toy_dataset import make_dataset  # noqa: E402 - tools/ is not a package
-from vla_assets import PI_SIZES, REDUCED_PI, REDUCED_SMOLVLA, write_shipped_smolvlm, write_smolvlm, write_tokenizer  # noqa: E402
+from vla_assets import (  # noqa: E402
+    PI_SIZES, REDUCED_PI, REDUCED_SMOLVLA, write_shipped_smolvlm, write_smolvlm, write_tokenizer,
+)
 
 REPO_ID = "bench/reach"
 THEIRS, OURS = "lerobot-train", "lerobot train"
