@@ -270,6 +270,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.size == "reduced" and args.policy == "act":
         parser.error("--size=reduced is for --policy=smolvla and --policy=pi05; ACT runs at LeRobot's sizes anywhere")
+    if args.device == "cuda" and not args.prepare_only:
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("--device=cuda, but torch sees no CUDA GPU here; use --device=cpu")
 
     args.workdir.mkdir(parents=True, exist_ok=True)
     root = args.workdir / f"data-{args.image}"
