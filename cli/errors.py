@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import sys
 import traceback
@@ -25,6 +24,7 @@ from collections.abc import Iterator
 
 import click
 
+from lerobot_kit.cli.process_exit import exit_without_teardown
 from lerobot_kit.core.distributed.started import started_a_process_group
 from lerobot_kit.core.errors import DEBUG_ENV, EXIT_INTERNAL, EXIT_PROBLEMS, LerobotError, first_line, os_error_line
 
@@ -78,8 +78,5 @@ def command_errors(*, as_json: bool = False) -> Iterator[None]:
             for line in lines:
                 click.echo(f"error: {line}", err=True)
         if started_a_process_group():
-            logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+            exit_without_teardown(code, run_exit_handlers=False)
         sys.exit(code)

@@ -7,6 +7,8 @@ import sys
 import click
 
 from lerobot_kit.cli.errors import command_errors
+from lerobot_kit.cli.process_exit import exit_without_teardown
+from lerobot_kit.core.distributed.started import started_a_process_group
 from lerobot_kit.core.errors import LerobotError, first_line
 
 # gloo's messages when the other end of a connection died (its transport names itself in the path).
@@ -53,6 +55,8 @@ def run_train(args: list[str]) -> None:
                     "torch's full report)"
                 ) from exc
             raise
+    if started_a_process_group():  # a rank of a launched run: done, and its output written
+        exit_without_teardown(0, run_exit_handlers=True)
 
 
 def _compile_failure(exc: BaseException) -> str | None:
