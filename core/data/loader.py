@@ -17,9 +17,9 @@ and the benchmarks call it):
   ``(seed, epoch, sample index)`` — not from a worker's RNG — so the same sample gets
   the same augmentation whichever worker serves it, and a resumed run, with workers or
   without, sees exactly the items of the uninterrupted run. Each item carries that epoch
-  (``EPOCH_KEY``) beside its ``index``, for a policy that draws per sample the same way. Each worker's global RNGs
-  (torch, numpy, random) are seeded from ``(seed, rank, epoch, worker)`` for anything a
-  dataset plugin draws on its own.
+  (``EPOCH_KEY``) beside its ``index``, for a policy that draws per sample the same way.
+  Each worker's global RNGs (torch, numpy, random) are seeded from ``(seed, rank, epoch,
+  worker)`` for anything a dataset plugin draws on its own.
 - Faults: a ``LerobotError`` raised while a worker builds an item (a missing or corrupt
   video, a timestamp the video lacks) travels to the main process as a value and is
   raised there as itself — one line naming file, episode and time, instead of

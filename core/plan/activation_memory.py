@@ -9,9 +9,9 @@ backward. ``StorageTimeline`` follows every storage the step allocates and frees
 the peak holds the batch on the device, the activations, the tensors autograd saves
 for the backward and the temporaries alive at that moment, and nothing else:
 parameters exist before the step, and the storages that end as parameter gradients are
-taken out (the plan counts gradients at their sharded size). The same trace counts the
-step's FLOPs with ``torch.utils.flop_counter``, which needs shapes only: the figure a
-GPU run's model FLOP utilisation is computed from, known before any GPU runs it.
+taken out (the plan counts gradients at their sharded size). A second trace of the same
+step counts its FLOPs with ``torch.utils.flop_counter``, which needs shapes only: the
+figure a GPU run's model FLOP utilisation is computed from, known before any GPU runs it.
 
 What the run changes is applied to the traced copy the way the run applies it:
 activation checkpointing with the run's own ``apply_activation_checkpointing`` on the

@@ -194,7 +194,7 @@ def tool_in_this_process(name: str, peak_file: str, pi_sizes_json: str, args: li
         entry.load()()
 
 
-def step_flops(flags: list[str], workdir: Path) -> subprocess.Popen[str]:
+def start_plan(flags: list[str], workdir: Path) -> subprocess.Popen[str]:
     """``lerobot plan --json`` of lerobot-kit's run, started now, read by ``flops_of``
     (without ``--output_dir``, which a plan checks as the run would: it exists once the run did)."""
     kept = [flag for flag in flags if not flag.startswith("--output_dir=")]
@@ -298,12 +298,12 @@ def main() -> None:
         shutil.rmtree(args.workdir / out, ignore_errors=True)
 
     on_gpu = args.device == "cuda"
-    plan = step_flops(ours, args.workdir) if on_gpu else None  # traced while the GPU trains
+    plan = start_plan(ours, args.workdir) if on_gpu else None  # traced while the GPU trains
     pi_sizes_json = PI_SIZES if args.policy == "pi05" and args.size == "reduced" else None
     hidden = {} if on_gpu else {"CUDA_VISIBLE_DEVICES": ""}  # lerobot-kit would take a GPU it sees
     measured = [run(THEIRS, theirs, args.workdir, {**theirs_env, **hidden}, pi_sizes_json),
                 run(OURS, ours, args.workdir, hidden, None)]
-    flops = flops_of(plan or step_flops(ours, args.workdir))
+    flops = flops_of(plan or start_plan(ours, args.workdir))
     header = result_header("contrib/lerobot-kit-lerobot/tools/benchmark.py", sys.argv[1:])
     peak_flops = peak_bf16_flops(header["machine"]["gpu"]) if on_gpu else None
     results = {m.name: summary(m, args.batch_size, args.warmup, flops, peak_flops) for m in measured}
