@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, env, run
+from conftest import BIN, env, run, tiny_pi, tiny_smolvla
 
 BRIDGE_SOURCE = Path(__file__).resolve().parents[1]
 
@@ -132,3 +132,29 @@ def test_missing_vla_files_are_one_line_naming_the_flag(tmp_path: Path, dataset_
     lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("WARNING")]
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr  # a usage error
     assert lines[-1].startswith(f"error: {message}"), result.stderr
+
+
+@pytest.mark.parametrize(
+    ("kind", "damaged", "content", "message"),
+    [
+        ("pi05", "tokenizer.json", "{}", "LeRobot cannot load PaliGemma's tokenizer (tokenizer.json, "
+         "tokenizer_config.json) from it (KeyError: 'added_tokens')"),
+        ("smolvla", "tokenizer_config.json", '{"chat_tem', "LeRobot cannot load its VLM's config and processor "
+         "(config.json, processor and tokenizer files) from it (JSONDecodeError: Unterminated string"),
+    ],
+)
+def test_damaged_vla_files_are_one_line_naming_the_flag(tmp_path: Path, dataset_root: Path, vla_assets: Path,
+                                                        kind: str, damaged: str, content: str, message: str) -> None:
+    """A file of the folder that fails inside transformers' loading (truncated, an entry
+    missing) is the folder's fault, not the plugin's."""
+    flags = tiny_pi(vla_assets) if kind == "pi05" else tiny_smolvla(vla_assets)
+    source = vla_assets / ("tokenizer" if kind == "pi05" else "smolvlm")
+    folder = shutil.copytree(source, tmp_path / "damaged")
+    (folder / damaged).write_text(content)
+    flag = "tokenizer_name" if kind == "pi05" else "vlm_model_name"
+    flags = [f"--policy.{flag}={folder}" if f.startswith(f"--policy.{flag}=") else f for f in flags]
+    result = run(["train", "--dataset.repo_id=bridge/reach", f"--dataset.root={dataset_root}", *flags], tmp_path,
+                 check=False)
+    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("WARNING")]
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert lines[-1].startswith(f"error: --policy.{flag}={folder}: {message}"), result.stderr

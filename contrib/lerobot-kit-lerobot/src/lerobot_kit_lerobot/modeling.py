@@ -238,15 +238,36 @@ class LerobotVLA(LerobotPolicy):
 
 @contextlib.contextmanager
 def files_from(config: LerobotPolicyConfig, flag: str, needed: str) -> Iterator[None]:
-    """A hub id or folder that holds none of the files LeRobot loads is one error line naming the flag."""
+    """A hub id or folder LeRobot cannot load its files from is one error line naming the flag:
+    files missing (``OSError``), or damaged, which fails anywhere inside transformers' loading
+    (a ``JSONDecodeError``, a ``KeyError`` on a missing entry): what fails inside a
+    ``from_pretrained`` of transformers is the folder's (but memory running out is not),
+    anything else stays the bridge's."""
     try:
         yield
-    except OSError as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    except Exception as exc:
+        out_of_memory = isinstance(exc, (MemoryError, torch.OutOfMemoryError))
+        if out_of_memory or not (isinstance(exc, OSError) or raised_in_transformers_loading(exc)):
+            raise
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        reason = first_line if isinstance(exc, OSError) and first_line else f"{type(exc).__name__}: {first_line}"
         raise ConfigError(
             f"--policy.{flag}={getattr(config, flag)}: LeRobot cannot load {needed} from it ({reason}); give a "
-            "local folder holding them (the hub is used only when it is reachable and the name is a hub id)"
+            "local folder holding them, undamaged (the hub is used only when it is reachable and the name is a "
+            "hub id)"
         ) from exc
+
+
+def raised_in_transformers_loading(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside a ``from_pretrained`` of transformers."""
+    trace = exc.__traceback__
+    while trace is not None:
+        frame = trace.tb_frame
+        module = frame.f_globals.get("__name__", "")
+        if frame.f_code.co_name == "from_pretrained" and module.startswith("transformers."):
+            return True
+        trace = trace.tb_next
+    return False
 
 
 class LerobotPi(LerobotVLA):
