@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, env, run, tiny_pi, tiny_smolvla
+from conftest import BIN, REPO_ID, env, make_dataset, run, tiny_pi, tiny_smolvla
 
 BRIDGE_SOURCE = Path(__file__).resolve().parents[1]
 
@@ -158,3 +158,16 @@ def test_damaged_vla_files_are_one_line_naming_the_flag(tmp_path: Path, dataset_
     lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("WARNING")]
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert lines[-1].startswith(f"error: --policy.{flag}={folder}: {message}"), result.stderr
+
+
+def test_a_vla_on_a_dataset_without_a_camera_is_one_line(tmp_path: Path, vla_assets: Path) -> None:
+    root = make_dataset(tmp_path / "no_camera", REPO_ID, episodes=2, length=8, image_hw=None)
+    result = run(["train", f"--dataset.repo_id={REPO_ID}", f"--dataset.root={root}", *tiny_pi(vla_assets),
+                  f"--output_dir={tmp_path / 'run'}"], tmp_path, check=False)
+    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("WARNING")]
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert lines[-1] == (
+        "error: policy.type=lerobot_pi05 cannot use this dataset (features ['action', 'observation.state']): "
+        "LeRobot's pi05 reads at least one camera image in every step, and the dataset has no image or video "
+        "feature; train it on a dataset recorded with a camera"), result.stderr
+    assert not (tmp_path / "run").exists()

@@ -18,17 +18,19 @@ STATE_DIM = ACTION_DIM = 3
 TASKS = ("reach the target", "reach the target slowly")
 
 
-def make_dataset(root: Path, repo_id: str, *, episodes: int, length: int, image_hw: tuple[int, int], fps: int = 10) -> Path:
+def make_dataset(root: Path, repo_id: str, *, episodes: int, length: int, image_hw: tuple[int, int] | None,
+                 fps: int = 10) -> Path:
+    """The dataset; ``image_hw=None`` leaves the camera out (a dataset the VLAs must refuse)."""
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-    height, width = image_hw
     features = {
         "observation.state": {"dtype": "float32", "shape": (STATE_DIM,), "names": ["x", "y", "z"]},
         "action": {"dtype": "float32", "shape": (ACTION_DIM,), "names": ["dx", "dy", "dz"]},
-        "observation.images.top": {
-            "dtype": "video", "shape": (height, width, 3), "names": ["height", "width", "channels"],
-        },
     }
+    if image_hw is not None:
+        features["observation.images.top"] = {
+            "dtype": "video", "shape": (*image_hw, 3), "names": ["height", "width", "channels"],
+        }
     dataset = LeRobotDataset.create(repo_id, fps, features, root=root, robot_type="toy", use_videos=True)
     rng = np.random.default_rng(0)
     mix = rng.normal(size=(STATE_DIM, ACTION_DIM)).astype(np.float32)
@@ -36,11 +38,14 @@ def make_dataset(root: Path, repo_id: str, *, episodes: int, length: int, image_
         state = rng.uniform(-1, 1, STATE_DIM).astype(np.float32)
         for _ in range(length):
             brightness = (state[0] + 1) / 2
-            image = np.full((height, width, 3), int(40 + 170 * brightness), dtype=np.uint8)
-            image[: height // 2, :, 1] = rng.integers(0, 255)
             action = (state @ mix + brightness).astype(np.float32)
-            dataset.add_frame({"observation.state": state, "action": action, "observation.images.top": image,
-                               "task": TASKS[episode % len(TASKS)]})
+            frame = {"observation.state": state, "action": action, "task": TASKS[episode % len(TASKS)]}
+            shade = rng.integers(0, 255)
+            if image_hw is not None:
+                image = np.full((*image_hw, 3), int(40 + 170 * brightness), dtype=np.uint8)
+                image[: image_hw[0] // 2, :, 1] = shade
+                frame["observation.images.top"] = image
+            dataset.add_frame(frame)
             state = np.clip(state + 0.1 * np.tanh(action), -1, 1).astype(np.float32)
         dataset.save_episode()
     dataset.finalize()

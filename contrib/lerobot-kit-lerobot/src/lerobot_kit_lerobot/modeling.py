@@ -210,6 +210,13 @@ class LerobotVLA(LerobotPolicy):
     builds_on_meta = True
 
     def __init__(self, config: LerobotPolicyConfig, meta: DatasetMeta) -> None:
+        if not any(spec.is_image for spec in meta.features.values()):
+            # LeRobot's would fail in the first step ("All image features are missing").
+            raise ConfigError(
+                f"policy.type={config.type} cannot use this dataset (features {sorted(meta.features)}): LeRobot's "
+                f"{self.lerobot_type} reads at least one camera image in every step, and the dataset has no image "
+                "or video feature; train it on a dataset recorded with a camera"
+            )
         super().__init__(config, meta)
         self.install_joint()
         self.draws = PerSampleDraws(self.lerobot.model, seed=torch.initial_seed())
