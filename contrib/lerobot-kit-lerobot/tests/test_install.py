@@ -171,3 +171,18 @@ def test_a_vla_on_a_dataset_without_a_camera_is_one_line(tmp_path: Path, vla_ass
         "LeRobot's pi05 reads at least one camera image in every step, and the dataset has no image or video "
         "feature; train it on a dataset recorded with a camera"), result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_vla_on_a_dataset_without_task_texts_is_one_line(tmp_path: Path, dataset_root: Path,
+                                                           vla_assets: Path) -> None:
+    root = shutil.copytree(dataset_root, tmp_path / "no_tasks")
+    (root / "meta" / "tasks.parquet").unlink()
+    result = run(["train", f"--dataset.repo_id={REPO_ID}", f"--dataset.root={root}", "--num_workers=0",
+                  *tiny_smolvla(vla_assets), f"--output_dir={tmp_path / 'run'}"], tmp_path, check=False)
+    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("WARNING")]
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert lines[-1] == (
+        "error: policy.type=lerobot_smolvla tokenizes each frame's task text, and the dataset gives none (no "
+        "meta/tasks.parquet, or frames without a task_index): give it its tasks as LeRobot records them"
+    ), result.stderr
+    assert not (tmp_path / "run").exists()  # a run that wrote nothing leaves no folder

@@ -49,6 +49,8 @@ class LerobotPolicy(Policy):
     # Whether LeRobot's constructor can run on the meta device (shapes only); else a meta
     # build is a CPU build moved there (see build_lerobot_policy).
     builds_on_meta: ClassVar[bool] = False
+    # Whether LeRobot's preprocessor tokenizes each frame's task text (language-conditioned).
+    reads_task: ClassVar[bool] = False
     config: LerobotPolicyConfig
 
     def __init__(self, config: LerobotPolicyConfig, meta: DatasetMeta) -> None:
@@ -84,7 +86,8 @@ class LerobotPolicy(Policy):
         stats = {key: {name: torch.as_tensor(value) for name, value in stats.items()} for key, stats in meta.stats.items()}
         with cls.processor_construction(config):
             pre, post = make_pre_post_processors(to_lerobot_config(config, meta), dataset_stats=stats)
-        return LerobotProcessor(pre), LerobotProcessor(post)
+        task_needed_by = f"policy.type={config.type}" if cls.reads_task else None
+        return LerobotProcessor(pre, task_needed_by), LerobotProcessor(post)
 
     @classmethod
     def processor_construction(cls, config: LerobotPolicyConfig) -> contextlib.AbstractContextManager[None]:
@@ -208,6 +211,7 @@ class LerobotVLA(LerobotPolicy):
     """
 
     builds_on_meta = True
+    reads_task = True
 
     def __init__(self, config: LerobotPolicyConfig, meta: DatasetMeta) -> None:
         if not any(spec.is_image for spec in meta.features.values()):
