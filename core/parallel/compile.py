@@ -8,6 +8,13 @@ backbone, heads, loss) runs eagerly. ``nn.Module.compile`` compiles in place: no
 same with and without compile. A unit already activation-checkpointed is traced with
 its checkpoint (non-reentrant checkpoints are part of what ``torch.compile`` captures).
 
+A unit group run by a method (``wrap_units.UnitGroup``: layers a joint attention calls
+from outside, whose ``forward`` never runs) is compiled through that method, replaced in
+place by its compiled version; FSDP then registers its forward method around the compiled
+one, so the group's gather stays outside the graph as a unit's does. The method must
+compile to one graph for every group of a model (no guard on which layer it runs), or
+each layer compiles on its own.
+
 The platform is checked before anything compiles, because a missing compiler otherwise
 surfaces as a long traceback in the first training step.
 """
@@ -48,18 +55,12 @@ def check_compile_supported(device: torch.device) -> None:
             raise ConfigError(f"{_FLAG} on CUDA needs Triton, which is not installed here: install it, or drop it")
 
 
-def check_compilable(wrap: WrapUnits) -> None:
-    """Refuse compile for unit groups run by a method: compile works on each unit's
-    ``forward``, which such a group never calls, so nothing of it would be compiled."""
-    methods = [g for g in wrap.groups if g.method is not None]
-    if methods:
-        raise ConfigError(
-            f"{_FLAG} compiles each wrap unit's forward, but this policy runs {len(methods)} of its units through "
-            f"{methods[0].method!r} (e.g. {methods[0].name!r}), which calls no forward of theirs: drop the flag"
-        )
-
-
-def apply_compile(model: nn.Module, unit_paths: list[str]) -> None:
-    """Compile each unit at ``unit_paths`` in place; nested units are compiled with their outer one."""
-    for path in outermost(unit_paths):
+def apply_compile(model: nn.Module, wrap: WrapUnits) -> None:
+    """Compile each unit in place: single units (nested ones with their outer one), and each
+    unit group through its method, or module by module when it has none."""
+    for path in outermost([*wrap.paths, *(p for g in wrap.groups if g.method is None for p in g.paths)]):
         model.get_submodule(path).compile()
+    for group in wrap.groups:
+        if group.method is not None:
+            owner = model.get_submodule(group.paths[0])
+            setattr(owner, group.method, torch.compile(getattr(owner, group.method)))

@@ -7,7 +7,8 @@
 2. Activation checkpointing — each unit (``activation_checkpointing``), if enabled; a
    unit group through the method that runs it.
 3. Compile — each unit (``compile``), if enabled: after AC so the recomputation is
-   compiled too, before FSDP so its gathers stay outside the graphs.
+   compiled too, before FSDP so its gathers stay outside the graphs; a unit group
+   through the method that runs it.
 4. Data parallelism — FSDP2 per unit then the root (``fsdp``) for sharded layouts,
    DDP or nothing (``ddp``) for replicated ones.
 5. Initial weights — sharded runs broadcast the main process's weights into every
@@ -24,7 +25,7 @@ from torch import nn
 
 from lerobot_kit.core.config.schema import AcceleratorConfig
 from lerobot_kit.core.parallel.activation_checkpointing import apply_activation_checkpointing, checkpoint_groups
-from lerobot_kit.core.parallel.compile import apply_compile, check_compilable, check_compile_supported
+from lerobot_kit.core.parallel.compile import apply_compile, check_compile_supported
 from lerobot_kit.core.parallel.ddp import apply_ddp
 from lerobot_kit.core.parallel.dims import ParallelDims
 from lerobot_kit.core.parallel.fsdp import apply_fsdp, broadcast_initial_weights, full_state_of_main
@@ -51,7 +52,6 @@ def parallelize(
     if (dims.sharded or accel.activation_checkpointing or accel.compile) and not wrap.any:
         raise ValueError("no wrap units: resolve them with resolve_wrap_units for this layout and these flags")
     if accel.compile:
-        check_compilable(wrap)
         check_compile_supported(device)  # before any collective, so a refusal is one line on every rank
     mesh = dims.build_mesh(device.type)
     full_state = full_state_of_main(model) if dims.sharded and weights_from_main else {}
@@ -59,7 +59,7 @@ def parallelize(
         apply_activation_checkpointing(model, list(wrap.paths))
         checkpoint_groups(model, wrap.groups)
     if accel.compile:
-        apply_compile(model, list(wrap.paths))
+        apply_compile(model, wrap)
     if not dims.sharded:
         return apply_ddp(model, wrap, dims, device)
     assert mesh is not None  # every sharded layout has a dp_shard axis

@@ -1,8 +1,10 @@
 """Unit groups (``wrap_units.UnitGroup``): how a policy's groups are resolved, refused,
-checkpointed and planned; their sharding on real processes is tests/integration/test_unit_groups.py."""
+checkpointed, compiled and planned; their sharding on real processes is tests/integration/test_unit_groups.py."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
 from pathlib import Path
 
@@ -14,7 +16,7 @@ from joint_toy import DEPTH, joint_batch, joint_loss, make_joint  # noqa: E402
 from lerobot_kit.core.config.schema import AcceleratorConfig, FSDPConfig, ParallelismConfig  # noqa: E402
 from lerobot_kit.core.errors import ConfigError, PluginError  # noqa: E402
 from lerobot_kit.core.parallel.activation_checkpointing import checkpoint_groups, is_checkpointed  # noqa: E402
-from lerobot_kit.core.parallel.compile import check_compilable  # noqa: E402
+from lerobot_kit.core.parallel.compile import apply_compile  # noqa: E402
 from lerobot_kit.core.parallel.dims import ParallelDims  # noqa: E402
 from lerobot_kit.core.parallel.wrap_units import UnitGroup, WrapUnits, resolve_wrap_units  # noqa: E402
 from lerobot_kit.core.plan.memory_plan import plan_model  # noqa: E402
@@ -92,14 +94,19 @@ def test_checkpointing_a_group_wraps_its_method_and_keeps_the_numbers() -> None:
         checkpoint_groups(checkpointed, PAIRS[:1])
 
 
-def test_compile_refuses_groups_run_by_a_method() -> None:
-    with pytest.raises(ConfigError) as err:
-        check_compilable(WrapUnits((), "", (), PAIRS))
-    assert str(err.value) == (
-        "--accelerator.compile=true compiles each wrap unit's forward, but this policy runs 3 of its units through "
-        "'joint' (e.g. 'tower_a.0+tower_b.0'), which calls no forward of theirs: drop the flag"
-    )
-    check_compilable(WrapUnits(("head",), "policy", (), (UnitGroup(("inp_a", "inp_b")),)))  # no method: fine
+def test_compiling_a_group_compiles_its_method_in_place() -> None:
+    """The method that runs a group is what compiles (its modules' forwards never run), also
+    under its checkpoint; the real compiled runs are in tests/integration/test_unit_groups.py."""
+    model = make_joint()
+    checkpoint_groups(model, PAIRS)
+    methods = [model.tower_a[i].joint for i in range(DEPTH)]
+    apply_compile(model, WrapUnits((), "", (), PAIRS))
+    for i, method in enumerate(methods):
+        compiled = model.tower_a[i].joint
+        assert compiled is not method and hasattr(compiled, "_torchdynamo_orig_callable")
+        assert inspect.unwrap(compiled, stop=lambda f: isinstance(f, functools.partial)) is method
+        assert is_checkpointed(model.tower_a[i], "joint")
+        assert "forward" not in vars(model.tower_a[i])  # the layer's own forward is left alone
 
 
 def test_the_plan_counts_a_group_as_one_unit() -> None:
