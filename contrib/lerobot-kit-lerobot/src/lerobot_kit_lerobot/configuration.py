@@ -39,8 +39,8 @@ SCHEMAS: dict[str, Any] = json.loads(files("lerobot_kit_lerobot").joinpath("sche
 REPLACED_BY_LEROBOT_KIT = {
     "gradient_checkpointing": "--accelerator.activation_checkpointing=true (each joint layer and vision layer "
     "recomputed as its own unit)",
-    "compile_model": "--accelerator.compile=true where the policy allows it (LeRobot's compile of the whole "
-    "forward would trace through the sharded units' gathers)",
+    "compile_model": "--accelerator.compile=true (each joint layer pair and vision layer compiled as its own "
+    "unit; LeRobot's compile of the whole forward would trace through the sharded units' gathers)",
 }
 
 

@@ -93,25 +93,25 @@ class SmolJointLayer:
     """Layer *i* of a ``SmolVLMWithExpertModel``: the VLM layer and, when the expert has a
     layer at *i*, that one; attention by LeRobot's own ``forward_attn_layer`` /
     ``forward_cross_attn_layer``, then each stream's output projection, residual, norm and
-    MLP as LeRobot's loop body computes them."""
+    MLP as LeRobot's loop body computes them.
 
-    def __init__(self, model: nn.Module, index: int) -> None:
-        self.model, self.index = model, index
+    LeRobot's attention methods take every layer and an index; they get this pair alone
+    at index 0, and whether the layer attends to itself is settled here once: the method
+    reads nothing that differs from layer to layer, so ``torch.compile`` makes one graph
+    for all pairs (one per attention kind) instead of one per layer."""
 
-    def _self_attention(self) -> bool:
-        model = self.model
-        every = model.self_attn_every_n_layers
-        return "cross" not in model.attention_mode or (every > 0 and self.index % every == 0)
+    def __init__(self, model: nn.Module, vlm: nn.Module, expert: nn.Module | None, self_attention: bool) -> None:
+        self.model, self.self_attention = model, self_attention
+        self.model_layers = [[vlm], [expert]]
 
     def __call__(self, inputs_embeds: list[Tensor], attention_mask: Tensor, position_ids: Tensor,
-                 model_layers: list[list[nn.Module | None]], batch_size: int, head_dim: int) -> list[Tensor]:
-        model, index = self.model, self.index
-        attend = model.forward_attn_layer if self._self_attention() else model.forward_cross_attn_layer
-        attended, _ = attend(model_layers, inputs_embeds, index, position_ids, attention_mask, batch_size, head_dim,
+                 batch_size: int, head_dim: int) -> list[Tensor]:
+        model = self.model
+        attend = model.forward_attn_layer if self.self_attention else model.forward_cross_attn_layer
+        attended, _ = attend(self.model_layers, inputs_embeds, 0, position_ids, attention_mask, batch_size, head_dim,
                              use_cache=False, past_key_values=None)
         outputs, start = [], 0
-        for stream, hidden in enumerate(inputs_embeds):
-            layer = model_layers[stream][index]
+        for stream, ((layer,), hidden) in enumerate(zip(self.model_layers, inputs_embeds)):
             if layer is None:  # the expert has no layer here: its stream passes through
                 outputs.append(hidden)
                 continue
@@ -128,10 +128,15 @@ class SmolJointLayer:
 
 
 def install_smolvla(with_expert: nn.Module) -> None:
-    """Give each VLM layer of LeRobot's ``SmolVLMWithExpertModel`` its method, and the model
-    a forward that calls them."""
-    for index, layer in enumerate(with_expert.get_vlm_model().text_model.layers):
-        setattr(layer, JOINT_METHOD, SmolJointLayer(with_expert, index))
+    """Give each VLM layer of LeRobot's ``SmolVLMWithExpertModel`` its method (the layers
+    paired, and the kinds of attention, as LeRobot's forward has them), and the model a
+    forward that calls them."""
+    vlm_layers, expert_layers = with_expert.get_model_layers([with_expert.get_vlm_model().text_model,
+                                                             with_expert.lm_expert])
+    every = with_expert.self_attn_every_n_layers
+    for index, (vlm, expert) in enumerate(zip(vlm_layers, expert_layers, strict=True)):
+        self_attention = "cross" not in with_expert.attention_mode or (every > 0 and index % every == 0)
+        setattr(vlm, JOINT_METHOD, SmolJointLayer(with_expert, vlm, expert, self_attention))
     with_expert.forward = functools.partial(_smolvla_forward, with_expert, with_expert.forward)
 
 
@@ -142,12 +147,11 @@ def _smolvla_forward(model: nn.Module, lerobot_forward: Callable[..., Any], atte
         return lerobot_forward(attention_mask=attention_mask, position_ids=position_ids,
                                past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache)
     towers = [model.get_vlm_model().text_model, model.lm_expert]
-    model_layers = model.get_model_layers(towers)
     head_dim = model.vlm.config.text_config.head_dim
     hidden = list(inputs_embeds)
     for layer in towers[0].layers:
-        hidden = getattr(layer, JOINT_METHOD)(hidden, attention_mask, position_ids, model_layers=model_layers,
-                                              batch_size=hidden[0].shape[0], head_dim=head_dim)
+        hidden = getattr(layer, JOINT_METHOD)(hidden, attention_mask, position_ids, batch_size=hidden[0].shape[0],
+                                              head_dim=head_dim)
     return [tower.norm(h) for tower, h in zip(towers, hidden)], None
 
 
