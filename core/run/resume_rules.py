@@ -54,6 +54,11 @@ def check_resume_changes(config: TrainConfig, step_dir: Path, output_dir: Path, 
                 f"--output_dir={config.output_dir} differs from the folder of the run being resumed ({output_dir}); "
                 f"a resumed run continues in its own folder: remove --output_dir, {NEW_RUN}"
             )
+    if problems and config.config_path is None:
+        problems.append(
+            "(flags not given take their defaults, not the run's: to resume with the run's own settings, pass "
+            f"--config_path={step_dir / paths.PRETRAINED_DIR / paths.TRAIN_CONFIG} and only the flags to change)"
+        )
     if problems:
         raise ConfigError("\n".join(problems))
 

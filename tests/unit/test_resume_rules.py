@@ -73,6 +73,20 @@ def test_settings_the_restored_state_was_made_for_are_refused_by_name(tmp_path, 
     assert message.startswith(expected) and len(message.splitlines()) == 1, message
 
 
+def test_a_refusal_without_config_path_says_how_to_resume_with_the_runs_own_settings(tmp_path):
+    """``--resume=true --output_dir=<run>`` alone builds the run from defaults, which differ
+    from what it was trained with; the refusal names them and the file that has the run's."""
+    run = recorded_run(tmp_path, 2)
+    lines = refusal("--resume=true", f"--output_dir={run}").splitlines()
+    assert lines[0].startswith("--policy.dim_model=64 (checkpoint: 32) differs from the checkpoint being resumed")
+    assert lines[-1] == (
+        "(flags not given take their defaults, not the run's: to resume with the run's own settings, pass "
+        f"--config_path={run / 'checkpoints' / '000002' / 'pretrained_model' / 'train_config.json'} and only the "
+        "flags to change)"
+    )
+    assert resolve("--resume=true", config_of(run)).resume_from == run / "checkpoints" / "000002"
+
+
 def test_an_output_dir_other_than_the_resumed_runs_is_refused(tmp_path):
     run = recorded_run(tmp_path, 2)
     assert refusal("--resume=true", config_of(run), f"--output_dir={tmp_path / 'elsewhere'}").startswith(
