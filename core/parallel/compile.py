@@ -11,9 +11,9 @@ its checkpoint (non-reentrant checkpoints are part of what ``torch.compile`` cap
 A unit group run by a method (``wrap_units.UnitGroup``: layers a joint attention calls
 from outside, whose ``forward`` never runs) is compiled through that method, replaced in
 place by its compiled version; FSDP then registers its forward method around the compiled
-one, so the group's gather stays outside the graph as a unit's does. The method must
-compile to one graph for every group of a model (no guard on which layer it runs), or
-each layer compiles on its own.
+one, so the group's gather stays outside the graph as a unit's does. The method should
+read nothing that differs from group to group (a layer index), so that one graph serves
+them all; otherwise each group compiles on its own.
 
 The platform is checked before anything compiles, because a missing compiler otherwise
 surfaces as a long traceback in the first training step.
