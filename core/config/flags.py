@@ -25,7 +25,7 @@ POLYMORPHIC = {"policy": ("policy", PolicyConfig), "dataset": ("dataset", Datase
 
 def parse_value(text: str, flag: str) -> Any:
     stripped = text.strip()
-    if stripped[:1] in "[{":
+    if stripped.startswith(("[", "{")):
         try:
             return json_input.decode(stripped)
         except json_input.UnusableJson as exc:

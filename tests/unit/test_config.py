@@ -11,8 +11,8 @@ from lerobot_kit.core.config.flags import build_train_config, flags_to_dict, par
 
 
 def test_dotted_flags_become_a_nested_dict_with_json_values():
-    tree = flags_to_dict(["--a.b=1", "--a.c", "x", '--l=["A","B"]', "--n=null", '--d={"k": 2}'])
-    assert tree == {"a": {"b": "1", "c": "x"}, "l": ["A", "B"], "n": None, "d": {"k": 2}}
+    tree = flags_to_dict(["--a.b=1", "--a.c", "x", '--l=["A","B"]', "--n=null", '--d={"k": 2}', "--e="])
+    assert tree == {"a": {"b": "1", "c": "x"}, "l": ["A", "B"], "n": None, "d": {"k": 2}, "e": ""}
 
 
 def test_flags_are_typed_and_polymorphic_policy_is_picked_by_type():
@@ -52,6 +52,7 @@ def test_flags_override_the_config_file(tmp_path):
         (["--stepz=3"], "--stepz: unknown flag; did you mean --steps?"),
         (["--accelerator.fsdp.reshard_after_forwrd=true"], "did you mean --accelerator.fsdp.reshard_after_forward?"),
         (["--steps=abc"], "--steps: Input should be a valid integer"),
+        (["--steps="], "--steps: Input should be a valid integer"),  # empty is a value, not JSON
         (["--accelerator.mixed_precision=fp8"], "--accelerator.mixed_precision: Input should be 'no', 'bf16' or 'fp16'"),
         (["--policy.type=actt"], "--policy.type: unknown policy 'actt'. Did you mean 'act'?"),
         (["--checkpoint_format=dcpp"], "Did you mean 'dcp'?"),
