@@ -162,10 +162,10 @@ def test_pairs_run_by_a_method_shard_and_train_like_one_process(key: str, ranks:
         run = rank[key]
         assert run["groups"] == [f"tower_a.{i}+tower_b.{i}" for i in range(DEPTH)]
         assert run["checkpointed"] == (key == "fsdp_ac")
-        if key != "meta_built":  # compiled, one graph serves every pair (the method guards on no layer)
-            assert run["graphs"] == (1 if key == "fsdp_compile" else 0), run["graphs"]
         if key == "meta_built":
             assert run["scale"] == reference_scale()
+        else:  # compiled, one graph serves every pair (the method guards on no layer)
+            assert run["graphs"] == (1 if key == "fsdp_compile" else 0), run["graphs"]
         # Gathered in full while the pair ran, a shard of half the rows after the step.
         assert run["during_compute"] == (None if key == "fsdp_compile" else ["Parameter", [8, DA]])
         assert run["after_step"] == ["DTensor", [4, DA]]

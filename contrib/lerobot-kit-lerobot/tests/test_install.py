@@ -72,6 +72,13 @@ def test_the_shipped_flag_schemas_are_those_of_the_installed_lerobot() -> None:
     assert all_schemas(sorted(BRIDGED)) == SCHEMAS
 
 
+def last_error_line(result: subprocess.CompletedProcess) -> str:
+    """The error line a run ends with, once it is a usage error (exit 2) without a traceback;
+    LeRobot's import-time warnings may come before it."""
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    return [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("WARNING")][-1]
+
+
 def one_error_line(result: subprocess.CompletedProcess) -> str:
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2, result.stderr
@@ -129,9 +136,7 @@ def test_missing_vla_files_are_one_line_naming_the_flag(tmp_path: Path, dataset_
                                                         message: str) -> None:
     result = run(["train", "--dataset.repo_id=bridge/reach", f"--dataset.root={dataset_root}", *flags], tmp_path,
                  check=False)
-    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("WARNING")]
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr  # a usage error
-    assert lines[-1].startswith(f"error: {message}"), result.stderr
+    assert last_error_line(result).startswith(f"error: {message}"), result.stderr
 
 
 @pytest.mark.parametrize(
@@ -153,20 +158,16 @@ def test_damaged_vla_files_are_one_line_naming_the_flag(tmp_path: Path, dataset_
     (folder / damaged).write_text(content)
     flag = "tokenizer_name" if kind == "pi05" else "vlm_model_name"
     flags = [f"--policy.{flag}={folder}" if f.startswith(f"--policy.{flag}=") else f for f in flags]
-    result = run(["train", "--dataset.repo_id=bridge/reach", f"--dataset.root={dataset_root}", *flags], tmp_path,
+    result = run(["train", f"--dataset.repo_id={REPO_ID}", f"--dataset.root={dataset_root}", *flags], tmp_path,
                  check=False)
-    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("WARNING")]
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert lines[-1].startswith(f"error: --policy.{flag}={folder}: {message}"), result.stderr
+    assert last_error_line(result).startswith(f"error: --policy.{flag}={folder}: {message}"), result.stderr
 
 
 def test_a_vla_on_a_dataset_without_a_camera_is_one_line(tmp_path: Path, vla_assets: Path) -> None:
     root = make_dataset(tmp_path / "no_camera", REPO_ID, episodes=2, length=8, image_hw=None)
     result = run(["train", f"--dataset.repo_id={REPO_ID}", f"--dataset.root={root}", *tiny_pi(vla_assets),
                   f"--output_dir={tmp_path / 'run'}"], tmp_path, check=False)
-    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("WARNING")]
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert lines[-1] == (
+    assert last_error_line(result) == (
         "error: policy.type=lerobot_pi05 cannot use this dataset (features ['action', 'observation.state']): "
         "LeRobot's pi05 reads at least one camera image in every step, and the dataset has no image or video "
         "feature; train it on a dataset recorded with a camera"), result.stderr
@@ -179,9 +180,7 @@ def test_a_vla_on_a_dataset_without_task_texts_is_one_line(tmp_path: Path, datas
     (root / "meta" / "tasks.parquet").unlink()
     result = run(["train", f"--dataset.repo_id={REPO_ID}", f"--dataset.root={root}", "--num_workers=0",
                   *tiny_smolvla(vla_assets), f"--output_dir={tmp_path / 'run'}"], tmp_path, check=False)
-    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("WARNING")]
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert lines[-1] == (
+    assert last_error_line(result) == (
         "error: policy.type=lerobot_smolvla tokenizes each frame's task text, and the dataset gives none (no "
         "meta/tasks.parquet, or frames without a task_index): give it its tasks as LeRobot records them"
     ), result.stderr

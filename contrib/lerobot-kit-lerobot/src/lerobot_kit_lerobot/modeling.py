@@ -214,7 +214,7 @@ class LerobotVLA(LerobotPolicy):
     reads_task = True
 
     def __init__(self, config: LerobotPolicyConfig, meta: DatasetMeta) -> None:
-        if not any(spec.is_image for spec in meta.features.values()):
+        if not meta.image_keys():
             # LeRobot's would fail in the first step ("All image features are missing").
             raise ConfigError(
                 f"policy.type={config.type} cannot use this dataset (features {sorted(meta.features)}): LeRobot's "
