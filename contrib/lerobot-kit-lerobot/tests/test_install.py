@@ -185,3 +185,19 @@ def test_a_vla_on_a_dataset_without_task_texts_is_one_line(tmp_path: Path, datas
         "meta/tasks.parquet, or frames without a task_index): give it its tasks as LeRobot records them"
     ), result.stderr
     assert not (tmp_path / "run").exists()  # a run that wrote nothing leaves no folder
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_one_line(tmp_path: Path, dataset_root: Path,
+                                                           vla_assets: Path) -> None:
+    """Without the check, torch's bare "index out of range in self" in the first step."""
+    flags = [f.replace('"vocab_size": 320', '"vocab_size": 100') for f in tiny_pi(vla_assets)]
+    assert flags != tiny_pi(vla_assets)
+    result = run(["train", f"--dataset.repo_id={REPO_ID}", f"--dataset.root={dataset_root}", "--num_workers=0",
+                  *flags, f"--output_dir={tmp_path / 'run'}"], tmp_path, check=False)
+    line = last_error_line(result)
+    assert line.startswith(f"error: --policy.tokenizer_name={vla_assets / 'tokenizer'}: the tokenizer gives token id "
+                           ), result.stderr
+    assert line.endswith("and the model's vocabulary has 100 entries (ids 0..99): give a tokenizer whose ids fit "
+                         "the vocabulary, or a vocabulary that holds the tokenizer's (for π0/π0.5, --policy.sizes' "
+                         "vocab_size)"), result.stderr
+    assert not (tmp_path / "run").exists()

@@ -33,6 +33,7 @@ from lerobot_kit.api import ConfigError, DatasetMeta, PluginError, Policy, Polic
 from lerobot_kit_lerobot import joint
 from lerobot_kit_lerobot.configuration import LerobotPolicyConfig
 from lerobot_kit_lerobot.flow_noise import PerSampleDraws
+from lerobot_kit_lerobot.language_tokens import check_token_ids
 from lerobot_kit_lerobot.pi_overrides import modeling_module, pi_sizes, pi_tokenizer
 from lerobot_kit_lerobot.lerobot_config import to_lerobot_config
 from lerobot_kit_lerobot.processors import LerobotProcessor
@@ -224,8 +225,13 @@ class LerobotVLA(LerobotPolicy):
         super().__init__(config, meta)
         self.install_joint()
         self.draws = PerSampleDraws(self.lerobot.model, seed=torch.initial_seed())
+        self.tokens_checked = False
 
     def install_joint(self) -> None:
+        raise NotImplementedError
+
+    def token_embedding(self) -> torch.nn.Embedding:
+        """The embedding LeRobot's model looks the prompt's token ids up in."""
         raise NotImplementedError
 
     # The flag naming the hub files LeRobot loads for this policy (a local folder works offline).
@@ -242,7 +248,12 @@ class LerobotVLA(LerobotPolicy):
             return super().make_processors(config, meta)
 
     def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-        """LeRobot's loss, without the metrics its forward reads back to the host (``vla_loss``)."""
+        """LeRobot's loss, without the metrics its forward reads back to the host (``vla_loss``).
+        The first batch's token ids are checked against the vocabulary (see ``language_tokens``)."""
+        if not self.tokens_checked:
+            flag = f"--policy.{self.files_flag}={getattr(self.config, self.files_flag)}"
+            check_token_ids(batch, self.token_embedding().num_embeddings, flag)
+            self.tokens_checked = True
         with self.draws.for_batch(batch) if self.training else contextlib.nullcontext():
             return flow_matching_loss(self.lerobot, batch), {}
 
@@ -307,6 +318,9 @@ class LerobotPi(LerobotVLA):
         check_quantile_stats(config, meta)
         return super().make_processors(config, meta)
 
+    def token_embedding(self) -> torch.nn.Embedding:
+        return self.model.paligemma_with_expert.paligemma.model.language_model.get_input_embeddings()
+
     def install_joint(self) -> None:
         with_expert = self.model.paligemma_with_expert
         joint.install_pi(with_expert, modeling_module(self.lerobot_type))
@@ -358,6 +372,9 @@ class LerobotSmolVLA(LerobotVLA):
         """LeRobot's default VLM from the architecture the bridge ships (``smolvlm_shipped``):
         no download to build the model."""
         return shipped_vlm(self.config.vlm_model_name, self.config.load_vlm_weights)  # type: ignore[attr-defined]
+
+    def token_embedding(self) -> torch.nn.Embedding:
+        return self.model.vlm_with_expert.get_vlm_model().text_model.get_input_embeddings()
 
     def install_joint(self) -> None:
         flow = self.model
