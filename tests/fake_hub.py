@@ -1,13 +1,17 @@
-"""A stand-in for the Hugging Face Hub's HTTP API, for push tests (the network is unreachable).
+"""A stand-in for the Hugging Face Hub's HTTP API, for push and download tests (the network
+is unreachable).
 
 Point a process at it with ``hub_env(...)`` (``HF_ENDPOINT``); it answers just enough of
-``create_repo`` + ``upload_folder`` with small files (uploaded inline in the commit) and
-records every request, so a test can check what the real ``huggingface_hub`` client sent.
+``create_repo`` + ``upload_folder`` with small files (uploaded inline in the commit), and
+of ``snapshot_download`` for the model repos in ``models`` (repo info, file tree, file
+downloads), and records every request, so a test can check what the real
+``huggingface_hub`` client sent and fetched.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import socket
 import threading
@@ -23,6 +27,8 @@ class FakeHub:
     endpoint: str
     refuse_commits: bool = False  # answer commits 403, as the Hub does to a token without write access
     requests: list[tuple[str, str, bytes]] = field(default_factory=list)
+    models: dict[str, dict[str, bytes]] = field(default_factory=dict)  # repo id -> {path in the repo: content}
+    commit: str = "c" * 40  # the one revision every model repo has
 
     def created_repo(self) -> dict:
         """The body of the (single) create-repo request."""
@@ -63,13 +69,53 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:  # noqa: N802
             hub.requests.append(("GET", self.path, b""))
-            self._reply({"error": "not here"}, status=404)
+            path = self.path.split("?", 1)[0]
+            api = path.removeprefix("/api/models/")
+            if api != path and "/revision/" in api and api.split("/revision/")[0] in hub.models:
+                repo = api.split("/revision/")[0]
+                self._reply({"id": repo, "sha": hub.commit, "siblings": [{"rfilename": p} for p in hub.models[repo]]})
+            elif api != path and "/tree/" in api and api.split("/tree/")[0] in hub.models:
+                files = hub.models[api.split("/tree/")[0]]
+                self._reply([{"type": "file", "path": p, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+                             for p, data in files.items()])
+            elif (data := self._file()) is not None:
+                self._send(data, "application/octet-stream", headers=self._file_headers(data))
+            else:
+                self._reply({"error": "Repository not found"}, status=404, headers={"X-Error-Code": "RepoNotFound"})
 
-        def _reply(self, payload: dict, status: int = 200) -> None:
-            body = json.dumps(payload).encode()
+        def do_HEAD(self) -> None:  # noqa: N802
+            hub.requests.append(("HEAD", self.path, b""))
+            data = self._file()
+            if data is None:
+                self.send_response(404)
+                self.send_header("X-Error-Code", "EntryNotFound")
+                self.end_headers()
+                return
+            self.send_response(200)
+            for name, value in self._file_headers(data).items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+
+        def _file(self) -> bytes | None:
+            """The content ``/<repo>/resolve/<revision>/<path>`` names, if the repo has it."""
+            repo, _, rest = self.path.split("?", 1)[0].lstrip("/").partition("/resolve/")
+            name = rest.partition("/")[2]
+            return hub.models.get(repo, {}).get(name)
+
+        def _file_headers(self, data: bytes) -> dict[str, str]:
+            return {"X-Repo-Commit": hub.commit, "ETag": f'"{hashlib.sha1(data).hexdigest()}"'}
+
+        def _reply(self, payload: object, status: int = 200, headers: dict[str, str] | None = None) -> None:
+            self._send(json.dumps(payload).encode(), "application/json", status, headers)
+
+        def _send(self, body: bytes, content_type: str, status: int = 200,
+                  headers: dict[str, str] | None = None) -> None:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(body)
 

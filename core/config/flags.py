@@ -18,6 +18,7 @@ from lerobot_kit.core.config.schema import DatasetConfig, EnvConfig, PolicyConfi
 from lerobot_kit.core.config.validation_errors import file_line, flag_lines, shown
 from lerobot_kit.core.errors import CheckpointError, ConfigError, LerobotError
 from lerobot_kit.core.layout.file_rules import policy_config_problems
+from lerobot_kit.core.layout.hub_snapshot import local_policy_path
 
 CONFIG_PATH_FLAG = "config_path"
 POLYMORPHIC = {"policy": ("policy", PolicyConfig), "dataset": ("dataset", DatasetConfig), "env": ("env", EnvConfig)}
@@ -119,6 +120,8 @@ def resolve_section(raw: dict[str, Any], key: str, problems: list[str], typed_by
         return None
     value = dict(value)
     given = frozenset(value)
+    if key == "policy" and isinstance(value.get("path"), str):
+        value["path"] = local_policy_path(value["path"])
     pretrained = value.get("path") if key == "policy" and "type" not in value else None
     if key == "policy" and value.get("path") and "type" not in value:
         saved = _pretrained_policy_config(value["path"])

@@ -40,7 +40,8 @@ class PolicyConfig(Section):
 
     type: str = Field("act", description="Policy type, from the plugin registry (`lerobot plugins`).")
     path: str | None = Field(
-        None, description="Pretrained policy folder (a checkpoint step or its pretrained_model/) to start from."
+        None, description="Pretrained policy to start from: a checkpoint step folder, its pretrained_model/, or a "
+        "Hugging Face Hub model id (user/name, fetched into the Hub's cache)."
     )
     repo_id: str | None = Field(None, description="Hub repo to publish the final pretrained_model/ to.")
     push_to_hub: bool = Field(True, description="Push to --policy.repo_id at the end (only when repo_id is set).")

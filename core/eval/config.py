@@ -18,13 +18,15 @@ from lerobot_kit.core.config.flags import flags_to_dict, resolve_section
 from lerobot_kit.core.config.schema import EnvConfig, EvalConfig, Section
 from lerobot_kit.core.config.validation_errors import flag_lines
 from lerobot_kit.core.errors import ConfigError
+from lerobot_kit.core.layout.hub_snapshot import local_policy_path
 
 DEFAULT_OUTPUT_ROOT = Path("outputs/eval")
 
 
 class EvalPolicyConfig(Section):
     path: str | None = Field(
-        None, description="Checkpoint to evaluate: a step folder, its pretrained_model/, or a run folder (then last)."
+        None, description="Checkpoint to evaluate: a step folder, its pretrained_model/, a run folder (then last), "
+        "or a Hugging Face Hub model id."
     )
 
 
@@ -51,7 +53,8 @@ def parse_eval_config(args: list[str]) -> EvalRunConfig:
         problems.append("--policy.path: required; give the checkpoint to evaluate (e.g. outputs/train/<run>/checkpoints/last)")
     if problems:
         raise ConfigError("\n".join(problems))
-    assert config is not None and env is not None
+    assert config is not None and env is not None and config.policy.path
+    config.policy.path = local_policy_path(config.policy.path)
     config.env = env
     return config
 

@@ -46,6 +46,7 @@ from lerobot_kit.core.layout.file_rules import (
     scheduler_problems,
 )
 from lerobot_kit.core.layout.files import CheckpointKind, missing, resumable_record
+from lerobot_kit.core.layout.hub_snapshot import cached_repo_of
 from lerobot_kit.core.layout.json_file import json_type, read_json
 from lerobot_kit.core.layout.safetensors_header import read_safetensors_header, tensors
 from lerobot_kit.core.layout.training_step import TrainingStep, other_layout, recorded_training_step
@@ -342,7 +343,8 @@ def check_step_folder(step_dir: Path) -> CheckedFolder:
 def check_pretrained_folder(folder: Path) -> CheckedFolder:
     """Every file of a loadable folder: a step folder's ``pretrained_model/`` (nothing may
     leave the step folder; what its record says loading needs must be there, as the layout
-    table words it) or a folder ``save_pretrained`` wrote (nothing may leave it)."""
+    table words it) or a folder ``save_pretrained`` wrote (nothing may leave it; for a
+    snapshot in the Hub's cache, nothing may leave that repo's cache folder)."""
     folder = Path(folder)
     if folder.name == L.PRETRAINED_DIR and (folder.parent / L.TRAINING_STATE_DIR).is_dir():
         checked = CheckedFolder(folder.parent, L.PRETRAINED_DIR, folder.parent)
@@ -356,7 +358,7 @@ def check_pretrained_folder(folder: Path) -> CheckedFolder:
                     checked.problems = [p for p in checked.problems if p.file != file.path]
                     checked.problems.append(Problem(file.path, line))
         return checked
-    checked = CheckedFolder(folder.parent, folder.name, folder)
+    checked = CheckedFolder(folder.parent, folder.name, cached_repo_of(folder) or folder)
     checked.scan(checked.pretrained)
     return checked
 

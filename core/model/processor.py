@@ -25,6 +25,7 @@ from lerobot_kit.core.config.schema import PolicyConfig
 from lerobot_kit.core.data.dataset import ACTION_KEY, DatasetMeta
 from lerobot_kit.core.errors import CheckpointError, ConfigError, first_line
 from lerobot_kit.core.layout.file_rules import processor_problems
+from lerobot_kit.core.layout.hub_snapshot import cached_repo_of
 from lerobot_kit.core.layout.json_file import read_json
 from lerobot_kit.core.layout.safetensors_header import read_safetensors_header
 from lerobot_kit.core.layout.file_modes import save_safetensors
@@ -155,11 +156,12 @@ class PolicyProcessor:
     @classmethod
     def load(cls, directory: Path, name: str) -> PolicyProcessor:
         """The processor ``save`` wrote as ``name``; its file is checked by the rule inspect-checkpoint
-        applies (steps are objects, state files lie in ``directory``), and a damaged one is one line."""
+        applies (steps are objects, state files lie in ``directory``, or in its repo's cache
+        folder for a Hub snapshot), and a damaged one is one line."""
         directory = Path(directory)
         path = directory / f"{name}.json"
         saved = read_json(path)
-        problems = processor_problems(saved, directory, directory)
+        problems = processor_problems(saved, directory, cached_repo_of(directory) or directory)
         if problems:
             raise CheckpointError(f"{path}: {problems[0]}; the file is damaged")
         steps: list[ProcessorStep] = []

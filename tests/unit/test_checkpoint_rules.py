@@ -131,3 +131,24 @@ def test_a_folder_save_pretrained_wrote_is_checked_within_itself(tmp_path: Path)
         f"policy/adapter_config.json: its base policy {folder} leads back to an adapter already on the way, a loop; "
         "put the base back, or edit base_model_name_or_path to where it now lives"
     )
+
+
+def test_a_hub_snapshot_may_link_into_its_repos_blobs_and_nowhere_else(tmp_path: Path) -> None:
+    """The Hub's cache holds a snapshot's files as links to ``../../blobs/<hash>``: the
+    check reads them, and still refuses a link that leaves the repo's cache folder."""
+    repo = tmp_path / "hub" / "models--someone--act"
+    snapshot, blobs = repo / "snapshots" / ("c" * 40), repo / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    (blobs / "1234").write_text(json.dumps({"type": "act"}))
+    (snapshot / paths.POLICY_CONFIG).symlink_to(Path("../../blobs/1234"))
+    assert check_pretrained_folder(snapshot).problems == []
+    (tmp_path / "secret.json").write_text("{}")
+    (snapshot / "extra.json").symlink_to(tmp_path / "secret.json")
+    [problem] = check_pretrained_folder(snapshot).problems
+    assert problem.file == f"{'c' * 40}/extra.json" and "links outside the checkpoint" in problem.line
+    plain = tmp_path / "plain"  # not in a Hub cache: the folder alone is the checkpoint
+    plain.mkdir()
+    (plain / paths.POLICY_CONFIG).symlink_to(blobs / "1234")
+    [problem] = check_pretrained_folder(plain).problems
+    assert problem.file == "plain/config.json" and "links outside the checkpoint" in problem.line

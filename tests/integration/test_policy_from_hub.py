@@ -1,0 +1,63 @@
+"""``--policy.path=<user>/<model>``: fine-tuning from a policy on the Hugging Face Hub, as
+LeRobot users start (``--policy.path=lerobot/smolvla_base``).
+
+The network is unreachable here, so the Hub is ``fake_hub`` (a local HTTP server answering
+as the Hub does) and the client is the real ``huggingface_hub``, through ``HF_ENDPOINT``;
+the runs are the installed console script."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import TINY_ACT, launch_env, run_cli
+from fake_hub import hub_env, serve_fake_hub
+from lerobot_kit.core.layout.paths import PRETRAINED_DIR, TRAIN_CONFIG
+
+
+def _losses(run: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run / "logs/metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_hub_policy_is_fetched_trained_from_and_evaluated_offline_from_the_cache(tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    result = run_cli("train", f"--output_dir={base}", "--steps=1", *TINY_ACT, env=launch_env(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    pretrained = base / "checkpoints/last" / PRETRAINED_DIR
+    files = {p.name: p.read_bytes() for p in pretrained.iterdir() if p.is_file()}
+    # Not part of a policy, and one is code: neither is fetched.
+    extras = {"README.md": b"# a model card", "modeling_evil.py": b"import os; os.system('touch /tmp/pwned')"}
+
+    with serve_fake_hub() as hub:
+        hub.models["someone/act-reach"] = {**files, **extras}
+        env = launch_env(tmp_path, hub_env(tmp_path, hub.endpoint))
+        first = run_cli("train", "--policy.path=someone/act-reach", f"--output_dir={tmp_path / 'a'}", "--steps=2",
+                        "--log_freq=1", env=env)
+        assert first.returncode == 0, first.stderr[-2000:]
+        fetched = {path.rsplit("/", 1)[1] for method, path, _ in hub.requests
+                   if method == "GET" and "/resolve/" in path}
+        assert fetched == set(files)
+        missing = run_cli("train", "--policy.path=someone/no-such-model", f"--output_dir={tmp_path / 'b'}", env=env)
+
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr, missing.stderr
+    assert missing.stderr.strip().splitlines()[-1].startswith(
+        "error: --policy.path=someone/no-such-model: no such folder here, and the Hugging Face Hub did not give it "
+        "(RepositoryNotFoundError"), missing.stderr
+    assert not (tmp_path / "b").exists()
+
+    # The run records the snapshot folder (its path names the commit), in the Hub's cache.
+    recorded = json.loads((tmp_path / "a/checkpoints/last" / PRETRAINED_DIR / TRAIN_CONFIG).read_text())
+    snapshot = Path(recorded["policy"]["path"])
+    assert snapshot.parent.name == "snapshots" and snapshot.name == hub.commit
+    assert snapshot.is_relative_to(tmp_path / "hf_home") and (snapshot / "config.json").is_symlink()
+
+    # The Hub gone: the cache serves the same id, and the run is the same.
+    offline = launch_env(tmp_path, {**hub_env(tmp_path, hub.endpoint), "HF_HUB_OFFLINE": "1"})
+    again = run_cli("train", "--policy.path=someone/act-reach", f"--output_dir={tmp_path / 'c'}", "--steps=2",
+                    "--log_freq=1", env=offline)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert _losses(tmp_path / "c") == _losses(tmp_path / "a")
+    evaluated = run_cli("eval", "--policy.path=someone/act-reach", "--eval.n_episodes=1",
+                        f"--output_dir={tmp_path / 'eval'}", env=offline)
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert json.loads((tmp_path / "eval/eval_info.json").read_text())["setup"]["policy_path"] == str(snapshot)
