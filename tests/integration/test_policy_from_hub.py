@@ -15,11 +15,7 @@ from fake_hub import hub_env, serve_fake_hub
 from lerobot_kit.core.layout.paths import PRETRAINED_DIR, TRAIN_CONFIG
 
 
-def _losses(run: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in (run / "logs/metrics.jsonl").read_text().splitlines()]
-
-
-def test_a_hub_policy_is_fetched_trained_from_and_evaluated_offline_from_the_cache(tmp_path: Path) -> None:
+def test_a_hub_policy_is_fetched_trained_from_and_then_read_offline_from_the_cache(tmp_path: Path) -> None:
     base = tmp_path / "base"
     result = run_cli("train", f"--output_dir={base}", "--steps=1", *TINY_ACT, env=launch_env(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
@@ -51,12 +47,8 @@ def test_a_hub_policy_is_fetched_trained_from_and_evaluated_offline_from_the_cac
     assert snapshot.parent.name == "snapshots" and snapshot.name == hub.commit
     assert snapshot.is_relative_to(tmp_path / "hf_home") and (snapshot / "config.json").is_symlink()
 
-    # The Hub gone: the cache serves the same id, and the run is the same.
+    # The Hub gone: the cache serves the same id (here to eval, which takes hub ids too).
     offline = launch_env(tmp_path, {**hub_env(tmp_path, hub.endpoint), "HF_HUB_OFFLINE": "1"})
-    again = run_cli("train", "--policy.path=someone/act-reach", f"--output_dir={tmp_path / 'c'}", "--steps=2",
-                    "--log_freq=1", env=offline)
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert _losses(tmp_path / "c") == _losses(tmp_path / "a")
     evaluated = run_cli("eval", "--policy.path=someone/act-reach", "--eval.n_episodes=1",
                         f"--output_dir={tmp_path / 'eval'}", env=offline)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]

@@ -1,8 +1,12 @@
 """A checkpoint LeRobot itself wrote, fine-tuned with LoRA under FSDP(2); the adapter then
-loads with ``PeftModel.from_pretrained`` on LeRobot's own policy."""
+loads with ``PeftModel.from_pretrained`` on LeRobot's own policy. And LeRobot's habit:
+``--policy.path=<user>/<model>`` alone, from the Hub's cache."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -37,10 +41,11 @@ def test_lora_under_fsdp2_on_a_lerobot_checkpoint_gives_an_adapter_peft_loads_on
 ) -> None:
     base = write_lerobot_checkpoint(dataset_root, work / "lerobot_base" / "pretrained_model")
     out = work / "act_lora"
-    result = train(work, "--policy.type=lerobot_act", f"--policy.path={base}", "--peft.method_type=LORA",
-                   "--peft.r=4", f"--output_dir={out}", "--parallelism.dp_shard=2", "--batch_size=8", "--steps=6",
-                   "--save_freq=6", "--log_freq=1", "--optimizer.lr=1e-3", nproc=2, root=dataset_root)
-    assert "layout fsdp" in result.stderr and len(losses(out)) == 6
+    # --policy.path alone, LeRobot's habit: its config.json (type "act") makes the run lerobot_act's.
+    result = train(work, f"--policy.path={base}", "--peft.method_type=LORA", "--peft.r=4", f"--output_dir={out}",
+                   "--parallelism.dp_shard=2", "--batch_size=8", "--steps=6", "--save_freq=6", "--log_freq=1",
+                   "--optimizer.lr=1e-3", nproc=2, root=dataset_root)
+    assert "layout fsdp" in result.stderr and "policy lerobot_act |" in result.stderr and len(losses(out)) == 6
 
     adapter_dir = out / "checkpoints" / "000006" / "pretrained_model"
     saved = load_file(adapter_dir / "adapter_model.safetensors")
@@ -63,12 +68,33 @@ def test_lora_under_fsdp2_on_a_lerobot_checkpoint_gives_an_adapter_peft_loads_on
     assert action.shape == (1, ACTION_DIM) and action.isfinite().all()
 
 
-def test_policy_path_alone_on_a_lerobot_checkpoint_picks_the_bridge_type(work: Path, dataset_root: Path) -> None:
-    """LeRobot's habit: ``--policy.path`` and no ``--policy.type``. The checkpoint's
-    config.json is LeRobot's (type "act", its features), so the run is lerobot_act's."""
+def into_hub_cache(folder: Path, hub_cache: Path, repo_id: str) -> Path:
+    """``folder``'s files as the Hub's cache holds a downloaded snapshot of ``repo_id``: each
+    file's content in ``blobs/``, linked from ``snapshots/<commit>/``, ``refs/main`` naming
+    the commit (``huggingface_hub`` reads it so with ``HF_HUB_OFFLINE=1``, as the tests run)."""
+    repo = hub_cache / f"models--{repo_id.replace('/', '--')}"
+    commit = "0123456789abcdef" * 2 + "01234567"
+    snapshot = repo / "snapshots" / commit
+    for made in (repo / "blobs", repo / "refs", snapshot):
+        made.mkdir(parents=True)
+    for file in folder.iterdir():
+        blob = hashlib.sha256(file.read_bytes()).hexdigest()
+        shutil.copyfile(file, repo / "blobs" / blob)
+        (snapshot / file.name).symlink_to(Path("../../blobs") / blob)
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot
+
+
+def test_policy_path_alone_of_a_hub_id_of_a_lerobot_checkpoint_picks_the_bridge_type(work: Path,
+                                                                                     dataset_root: Path) -> None:
+    """LeRobot's habit with a hub id: ``--policy.path=<user>/<model>`` and no ``--policy.type``,
+    read from the snapshot in the Hub's cache (its files links into the repo's blobs)."""
     base = write_lerobot_checkpoint(dataset_root, work / "lerobot_base_alone" / "pretrained_model")
+    snapshot = into_hub_cache(base, work / "hf_home" / "hub", "someone/act_base")
     out = work / "act_lora_path_alone"
-    result = train(work, f"--policy.path={base}", "--peft.method_type=LORA", "--peft.r=4", f"--output_dir={out}",
-                   "--batch_size=4", "--steps=2", "--log_freq=1", root=dataset_root)
+    result = train(work, "--policy.path=someone/act_base", "--peft.method_type=LORA", "--peft.r=4",
+                   f"--output_dir={out}", "--batch_size=4", "--steps=2", "--log_freq=1", root=dataset_root)
     assert "policy lerobot_act |" in result.stderr and len(losses(out)) == 2
+    recorded = json.loads((out / "checkpoints/000002/pretrained_model/train_config.json").read_text())
+    assert recorded["policy"]["path"] == str(snapshot)
     assert (out / "checkpoints" / "000002" / "pretrained_model" / "adapter_model.safetensors").is_file()
