@@ -15,6 +15,7 @@ resolve anywhere in that repo's cache folder, and nowhere else (``cached_repo_of
 
 from __future__ import annotations
 
+import errno
 import re
 from pathlib import Path
 
@@ -54,8 +55,11 @@ def local_policy_path(value: str) -> str:
         return snapshot_download(value, repo_type="model", allow_patterns=PRETRAINED_FILES)
     except Exception as exc:  # offline, unknown repo, gated, auth, disk: each means "not available"
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            fix = "free space where the Hub's cache lives ($HF_HOME/hub, or point HF_HUB_CACHE at a larger disk)"
+        else:
+            fix = "check the id, the network and your token (HF_TOKEN)"
         raise ConfigError(
             f"--policy.path={value}: no such folder here, and the Hugging Face Hub did not give it "
-            f"({type(exc).__name__}: {detail[:300]}): check the id, the network and your token (HF_TOKEN), "
-            "or give a local checkpoint folder"
+            f"({type(exc).__name__}: {detail[:300]}): {fix}, or give a local checkpoint folder"
         ) from exc

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import TINY_ACT, launch_env, run_cli
+import pytest
+
+from conftest import TINY_ACT, launch_env, run_cli, tmpfs
 from fake_hub import hub_env, serve_fake_hub
 from lerobot_kit.core.layout.paths import PRETRAINED_DIR, TRAIN_CONFIG
 
@@ -53,3 +55,17 @@ def test_a_hub_policy_is_fetched_trained_from_and_then_read_offline_from_the_cac
                         f"--output_dir={tmp_path / 'eval'}", env=offline)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     assert json.loads((tmp_path / "eval/eval_info.json").read_text())["setup"]["policy_path"] == str(snapshot)
+
+
+@pytest.mark.fast
+def test_a_hub_policy_that_does_not_fit_the_cache_disk_is_one_line_with_the_fix(tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "disk", "size=64k") as disk, serve_fake_hub() as hub:
+        hub.models["someone/big"] = {"config.json": b'{"type": "act"}', "model.safetensors": bytes(200_000)}
+        env = launch_env(tmp_path, {**hub_env(tmp_path, hub.endpoint), "HF_HOME": str(disk / "hf_home")})
+        result = run_cli("train", "--policy.path=someone/big", f"--output_dir={tmp_path / 'run'}", env=env)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: --policy.path=someone/big: no such folder here, and the Hugging Face Hub did not give it (OSError: "
+        "[Errno 28] No space left on device): free space where the Hub's cache lives ($HF_HOME/hub, or point "
+        "HF_HUB_CACHE at a larger disk), or give a local checkpoint folder"), result.stderr
+    assert not (tmp_path / "run").exists()
