@@ -69,15 +69,12 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:  # noqa: N802
             hub.requests.append(("GET", self.path, b""))
-            path = self.path.split("?", 1)[0]
-            api = path.removeprefix("/api/models/")
-            if api != path and "/revision/" in api and api.split("/revision/")[0] in hub.models:
-                repo = api.split("/revision/")[0]
+            repo, listing = self._model_listing()
+            if listing == "revision":
                 self._reply({"id": repo, "sha": hub.commit, "siblings": [{"rfilename": p} for p in hub.models[repo]]})
-            elif api != path and "/tree/" in api and api.split("/tree/")[0] in hub.models:
-                files = hub.models[api.split("/tree/")[0]]
+            elif listing == "tree":
                 self._reply([{"type": "file", "path": p, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
-                             for p, data in files.items()])
+                             for p, data in hub.models[repo].items()])
             elif (data := self._file()) is not None:
                 self._send(data, "application/octet-stream", headers=self._file_headers(data))
             else:
@@ -97,9 +94,23 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
 
+        def _model_listing(self) -> tuple[str, str | None]:
+            """For ``/api/models/<repo>/revision|tree/<revision>`` of a repo in ``models``: the
+            repo and which of the two; else no listing."""
+            route = self._route()
+            api = route.removeprefix("/api/models/")
+            for listing in ("revision", "tree"):
+                repo, found, _ = api.partition(f"/{listing}/")
+                if api != route and found and repo in hub.models:
+                    return repo, listing
+            return "", None
+
+        def _route(self) -> str:
+            return self.path.split("?", 1)[0]
+
         def _file(self) -> bytes | None:
             """The content ``/<repo>/resolve/<revision>/<path>`` names, if the repo has it."""
-            repo, _, rest = self.path.split("?", 1)[0].lstrip("/").partition("/resolve/")
+            repo, _, rest = self._route().lstrip("/").partition("/resolve/")
             name = rest.partition("/")[2]
             return hub.models.get(repo, {}).get(name)
 

@@ -19,7 +19,7 @@ import errno
 import re
 from pathlib import Path
 
-from lerobot_kit.core.errors import ConfigError
+from lerobot_kit.core.errors import ConfigError, first_line
 
 # What the Hub accepts as <user or org>/<name>; anything else is only ever a local path.
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
@@ -54,12 +54,11 @@ def local_policy_path(value: str) -> str:
     try:
         return snapshot_download(value, repo_type="model", allow_patterns=PRETRAINED_FILES)
     except Exception as exc:  # offline, unknown repo, gated, auth, disk: each means "not available"
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             fix = "free space where the Hub's cache lives ($HF_HOME/hub, or point HF_HUB_CACHE at a larger disk)"
         else:
             fix = "check the id, the network and your token (HF_TOKEN)"
         raise ConfigError(
             f"--policy.path={value}: no such folder here, and the Hugging Face Hub did not give it "
-            f"({type(exc).__name__}: {detail[:300]}): {fix}, or give a local checkpoint folder"
+            f"({type(exc).__name__}: {first_line(exc)}): {fix}, or give a local checkpoint folder"
         ) from exc

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lerobot_kit.core.errors import ConfigError, LerobotError
+from lerobot_kit.core.errors import ConfigError, LerobotError, first_line
 from lerobot_kit.core.layout.paths import DCP_MODEL_DIR, TMP_SUFFIX
 
 # DCP shards are a training artefact (reloadable only with torch.distributed.checkpoint
@@ -45,9 +45,8 @@ def push_pretrained_dir(pretrained_dir: Path, repo_id: str, private: bool) -> st
             commit_message=f"Upload {pretrained_dir.resolve().parent.name}/{pretrained_dir.name} with lerobot-kit",
         )
     except Exception as exc:  # network, auth and HTTP errors all mean "not published"
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise LerobotError(
-            f"push of {pretrained_dir} to the Hub repo {repo_id} failed ({type(exc).__name__}: {detail[:300]}); "
+            f"push of {pretrained_dir} to the Hub repo {repo_id} failed ({type(exc).__name__}: {first_line(exc)}); "
             "the local files are intact, retry when the Hub is reachable and `hf auth login` has a write token"
         ) from exc
     return str(commit.commit_url)
