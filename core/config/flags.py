@@ -125,7 +125,7 @@ def resolve_section(raw: dict[str, Any], key: str, problems: list[str], typed_by
     pretrained = value.get("path") if key == "policy" and "type" not in value else None
     if key == "policy" and value.get("path") and "type" not in value:
         saved = _pretrained_policy_config(value["path"])
-        claimed = _claiming_type(saved)
+        claimed = get_registry().claiming_policy_type(saved)
         # A type that claims the checkpoint reads its files itself: only the type is set here.
         value = {**value, "type": claimed} if claimed else deep_merge(saved, value)
     if key == "dataset" and "type" not in value and value.get("repo_id"):
@@ -181,21 +181,6 @@ def _other_types_by_field(kind: str, selected: str) -> dict[str, list[str]]:
             for field in getattr(registry, kind)(name).config_class.model_fields:
                 owners.setdefault(field, []).append(name)
     return owners
-
-
-def _claiming_type(saved: dict[str, Any]) -> str | None:
-    """The registered policy type whose config class claims a pretrained ``config.json``
-    written by another library (its classmethod ``claims_pretrained(saved) -> bool``, as
-    the LeRobot bridge's types recognise LeRobot's files), else None: the file's own
-    ``type`` is then a lerobot-kit type, read as it is."""
-    from lerobot_kit.core.registry.registry import get_registry
-
-    registry = get_registry()
-    for name in registry.names("policy"):
-        claims = getattr(registry.policy(name).config_class, "claims_pretrained", None)
-        if callable(claims) and claims(saved):
-            return name
-    return None
 
 
 def _pretrained_config_file(path: str) -> Path:

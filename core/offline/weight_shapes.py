@@ -53,9 +53,10 @@ def expected_shapes(config: dict[str, Any], meta: Any) -> Expected:
     """From the parsed ``config.json`` and ``dataset_meta.json`` (``None`` when missing)."""
     from lerobot_kit.core.registry.registry import get_registry
 
-    policy_type = config.get("type")
+    registry = get_registry()
+    policy_type = registry.claiming_policy_type(config) or config.get("type")
     try:
-        config_class = get_registry().policy(str(policy_type)).config_class
+        config_class = registry.policy(str(policy_type)).config_class
     except LerobotError:
         return Expected(None, f"policy type {policy_type!r} is not installed here, so its weight shapes are unknown")
     if not callable(getattr(config_class, "weight_shapes", None)):

@@ -67,6 +67,17 @@ class Registry:
     def policy(self, name: str) -> PolicyEntry:
         return self._find("policy", name, PolicyEntry)
 
+    def claiming_policy_type(self, saved: dict[str, Any]) -> str | None:
+        """The registered policy type whose config class claims a pretrained ``config.json``
+        written by another library (its classmethod ``claims_pretrained(saved) -> bool``, as
+        the LeRobot bridge's types recognise LeRobot's files), else None: the file's own
+        ``type`` is then a lerobot-kit type, read as it is."""
+        for name in self.names("policy"):
+            claims = getattr(self.policy(name).config_class, "claims_pretrained", None)
+            if callable(claims) and claims(saved):
+                return name
+        return None
+
     def dataset(self, name: str) -> DatasetEntry:
         return self._find("dataset", name, DatasetEntry)
 

@@ -75,6 +75,12 @@ def train(tmp: Path, *flags: str, nproc: int = 1, root: Path) -> subprocess.Comp
     return run(["train", *DATA, f"--dataset.root={root}", *flags], tmp, nproc=nproc)
 
 
+def inspected(path: Path, tmp: Path) -> dict:
+    """``lerobot inspect-checkpoint PATH --json`` of a checkpoint it finds valid (exit 0)."""
+    result = run(["inspect-checkpoint", str(path), "--json"], tmp)
+    return json.loads(result.stdout)
+
+
 def losses(output_dir: Path) -> list[float]:
     lines = (output_dir / "logs" / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line)["loss"] for line in lines]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ACTION_DIM, TINY_ACT, copy_crashed, losses, train
+from conftest import ACTION_DIM, TINY_ACT, copy_crashed, inspected, losses, train
 from lerobot_side import act_on, assert_same_weights, load_with_lerobot, observation, sharded_weights
 
 
@@ -26,6 +26,8 @@ def test_fsdp2_act_learns_and_lerobot_loads_and_runs_the_checkpoint(work: Path, 
     assert len(logged) == 16 and sum(logged[-4:]) < 0.6 * sum(logged[:4]), logged
 
     pretrained = out / "checkpoints" / "000016" / "pretrained_model"
+    report = inspected(pretrained.parent, work)  # LeRobot's config.json is read as lerobot_act's, not core ACT's
+    assert report["resumable"]["ok"] and report["loadable"]["ok"], report["problems"]
     policy, preprocessor, postprocessor = load_with_lerobot(pretrained, "act")
     assert type(policy).__name__ == "ACTPolicy" and policy.config.dim_model == 32
     assert_same_weights(policy, sharded_weights(pretrained, work))
