@@ -19,6 +19,7 @@ from lerobot_kit.core.errors import (
     CheckpointError,
     ConfigError,
 )
+from lerobot_kit.core.layout.hub_snapshot import local_policy_path
 from lerobot_kit.core.layout.paths import DamagedLastError
 from lerobot_kit.core.offline.inspect import DEFAULT_VERIFY_MAX_BYTES, CheckpointReport, FileInfo, inspect_checkpoint
 
@@ -54,12 +55,18 @@ def command(ctx: click.Context, path: Path, as_json: bool, verify: bool | None, 
     """Show what a checkpoint holds and validate it, reading headers and metadata only.
 
     PATH is a step folder (checkpoints/005000), its pretrained_model/ or training_state/,
-    or a run folder (then checkpoints/last). Nothing from the checkpoint is executed and
-    torch is not imported. Weight shapes are checked against config.json without building
-    the model; file contents against checksums.json (see --verify).
+    a run folder (then checkpoints/last), or a policy folder that save_pretrained wrote on
+    its own (a copied pretrained_model/, LeRobot's output, a Hub snapshot: checked for
+    loading; it holds no training state to resume). A Hub id (user/model) that is no
+    folder here is fetched into the Hub's cache as --policy.path fetches it (JSON and
+    safetensors only; HF_HUB_OFFLINE=1 reads the cache) and its snapshot inspected.
+    Nothing from the checkpoint is executed and torch is not imported. Weight shapes are
+    checked against config.json without building the model; file contents against
+    checksums.json (see --verify).
     """
     with command_errors(as_json=as_json):
         try:
+            path = Path(local_policy_path(str(path), given_as="inspect-checkpoint "))
             report = inspect_checkpoint(path, verify=verify, verify_max_bytes=verify_max_bytes)
         except DamagedLastError:  # the run's own last link is broken: a problem found (exit 1)
             raise
@@ -77,10 +84,13 @@ def command(ctx: click.Context, path: Path, as_json: bool, verify: bool | None, 
 def render(report: CheckpointReport) -> str:
     """The human-readable report: header facts, every file's tensors, then the verdicts."""
     ts = report.training_step or {}
-    lines = [f"checkpoint: {report.path}"]
-    version = "unknown" if report.layout_version is None else str(report.layout_version)
-    made_by = f", written by lerobot-kit {ts['lerobot_kit_version']}" if "lerobot_kit_version" in ts else ""
-    lines.append(f"step: {_or_unknown(report.step)}   layout version: {version}{made_by}")
+    if report.policy_folder:
+        lines = [f"policy folder: {report.path} (saved by save_pretrained, with no training state)"]
+    else:
+        lines = [f"checkpoint: {report.path}"]
+        version = "unknown" if report.layout_version is None else str(report.layout_version)
+        made_by = f", written by lerobot-kit {ts['lerobot_kit_version']}" if "lerobot_kit_version" in ts else ""
+        lines.append(f"step: {_or_unknown(report.step)}   layout version: {version}{made_by}")
     topo = ts.get("topology")
     if isinstance(topo, dict):
         lines.append(
@@ -88,10 +98,9 @@ def render(report: CheckpointReport) -> str:
             f"(dp_replicate={topo.get('dp_replicate', '?')}, dp_shard={topo.get('dp_shard', '?')})"
         )
     fmt = f"{ts['checkpoint_format']}: " if "checkpoint_format" in ts else ""
-    lines.append(
-        f"format: {fmt}weights {_or_unknown(report.weights)}, optimizer {_or_unknown(report.optimizer)}   "
-        f"PEFT: {'yes' if report.peft else 'no'}"
-    )
+    optimizer = "" if report.policy_folder else f", optimizer {_or_unknown(report.optimizer)}"
+    peft = "yes" if report.peft else "no"
+    lines.append(f"format: {fmt}weights {_or_unknown(report.weights)}{optimizer}   PEFT: {peft}")
     if all(k in ts for k in ("batch_size", "dp_world_size", "gradient_accumulation_steps")):
         lines.append(
             f"batch: {ts['batch_size']} per worker x {ts['dp_world_size']} workers x "

@@ -1,4 +1,5 @@
-"""``--policy.path=<user>/<model>``: a pretrained policy on the Hugging Face Hub, as LeRobot takes it.
+"""``--policy.path=<user>/<model>``: a pretrained policy on the Hugging Face Hub, as LeRobot takes it
+(and as ``lerobot eval --policy.path`` and ``lerobot inspect-checkpoint`` take it).
 
 LeRobot users start fine-tuning from hub ids (``--policy.path=lerobot/smolvla_base``).
 A path that exists here is always the local folder; otherwise a value shaped like a repo
@@ -40,15 +41,17 @@ def is_hub_id(value: str) -> bool:
     return _REPO_ID.fullmatch(value) is not None and ".." not in value and not Path(value).exists()
 
 
-def local_policy_path(value: str) -> str:
-    """``value`` itself, or for a hub id the local snapshot folder holding its files."""
+def local_policy_path(value: str, given_as: str = "--policy.path=") -> str:
+    """``value`` itself, or for a hub id the local snapshot folder holding its files; errors
+    name the value as ``given_as`` + value (a flag, or a command's argument)."""
     if not is_hub_id(value):
         return value
+    named = f"{given_as}{value}"
     try:
         from huggingface_hub import snapshot_download
     except ImportError as exc:
         raise ConfigError(
-            f"--policy.path={value}: no such folder here, and reading it from the Hugging Face Hub needs "
+            f"{named}: no such folder here, and reading it from the Hugging Face Hub needs "
             "huggingface_hub: pip install 'lerobot-kit[hub]', or give a local checkpoint folder"
         ) from exc
     try:
@@ -59,6 +62,6 @@ def local_policy_path(value: str) -> str:
         else:
             fix = "check the id, the network and your token (HF_TOKEN)"
         raise ConfigError(
-            f"--policy.path={value}: no such folder here, and the Hugging Face Hub did not give it "
+            f"{named}: no such folder here, and the Hugging Face Hub did not give it "
             f"({type(exc).__name__}: {first_line(exc)}): {fix}, or give a local checkpoint folder"
         ) from exc

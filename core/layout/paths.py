@@ -154,6 +154,20 @@ def find_step_dir(path: Path) -> Path:
     )
 
 
+def is_policy_folder(path: Path) -> bool:
+    """A folder that ``save_pretrained`` wrote outside any step folder (a copied
+    ``pretrained_model/``, LeRobot's output, a Hub snapshot): it holds ``config.json`` and
+    is not the ``pretrained_model/`` of a step folder, whose training state belongs with it."""
+    path = Path(path)
+    if not (path / POLICY_CONFIG).is_file():
+        return False
+    parent = path.parent
+    in_step_folder = path.name == PRETRAINED_DIR and (
+        (parent / TRAINING_STATE_DIR).exists() or is_step_dir_name(parent.name) or parent.name == LAST_LINK
+    )
+    return not in_step_folder
+
+
 def find_pretrained_dir(path: Path) -> Path:
     """A folder holding ``config.json``: a ``pretrained_model/`` or a step folder's."""
     path = Path(path)

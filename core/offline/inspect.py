@@ -23,7 +23,13 @@ from lerobot_kit.core.layout import paths as L
 from lerobot_kit.core.layout.dcp_metadata import tensor_entries
 from lerobot_kit.core.layout.safetensors_header import tensor_nbytes, tensors
 from lerobot_kit.core.layout.training_step import OPTIMIZER_KINDS, WEIGHTS_KINDS
-from lerobot_kit.core.layout.validate import CheckedFolder, Entry, Problem, check_step_folder
+from lerobot_kit.core.layout.validate import (
+    CheckedFolder,
+    Entry,
+    Problem,
+    check_pretrained_folder,
+    check_step_folder,
+)
 from lerobot_kit.core.offline.weight_shapes import expected_shapes, shape_mismatch
 
 DEFAULT_VERIFY_MAX_BYTES = 2_000_000_000
@@ -91,6 +97,7 @@ class CheckpointReport:
     """Everything ``inspect-checkpoint`` prints; ``ok`` is False when ``problems`` is not empty."""
 
     path: Path
+    policy_folder: bool  # a folder save_pretrained wrote, with no training state; else a step folder
     step: int | None
     layout_version: int | None
     training_step: dict[str, Any] | None  # the parsed training_step.json, as written
@@ -113,6 +120,7 @@ class CheckpointReport:
         ts = self.training_step or {}
         return {
             "path": str(self.path),
+            "kind": "policy_folder" if self.policy_folder else "step_folder",
             "ok": self.ok,
             "problems": self.problems,
             "step": self.step,
@@ -136,21 +144,28 @@ class CheckpointReport:
 def inspect_checkpoint(
     path: Path, *, verify: bool | None = None, verify_max_bytes: int = DEFAULT_VERIFY_MAX_BYTES
 ) -> CheckpointReport:
-    """Inspect and validate a step folder, its ``pretrained_model/`` or ``training_state/``, or a run folder.
+    """Inspect and validate a step folder, its ``pretrained_model/`` or ``training_state/``, a run
+    folder, or a policy folder that ``save_pretrained`` wrote on its own (``paths.is_policy_folder``:
+    a copied ``pretrained_model/``, LeRobot's output, a Hub snapshot), which loads but does not resume.
 
     ``verify``: compare every file with ``checksums.json`` (True), never (False), or when
     the step folder holds at most ``verify_max_bytes`` (None): that is the one check
     that reads the tensor data. Raises ``CheckpointError`` only when ``path`` is not a
     checkpoint at all; everything wrong inside one is a line of ``report.problems``.
     """
-    return _Inspector(L.find_step_dir(Path(path)), verify, verify_max_bytes).run()
+    path = Path(path)
+    if L.is_policy_folder(path):
+        return _Inspector(path.parent, verify, verify_max_bytes, pretrained=path.name, policy_folder=True).run()
+    return _Inspector(L.find_step_dir(path), verify, verify_max_bytes).run()
 
 
 @dataclass
 class _Inspector:
-    root: Path
+    root: Path  # the step folder, or the policy folder's parent; files are named relative to it
     verify: bool | None
     verify_max_bytes: int
+    pretrained: str = L.PRETRAINED_DIR  # the folder of the loadable files, in root
+    policy_folder: bool = False  # pretrained is a folder save_pretrained wrote, with no training state
     checked: CheckedFolder = field(init=False)
     problems: list[Problem] = field(default_factory=list)
     layout_problems: list[tuple[str, str]] = field(default_factory=list)  # (file, what it is), worded at the end
@@ -160,32 +175,39 @@ class _Inspector:
 
     def run(self) -> CheckpointReport:
         # Every file read and checked exactly as the loaders check it before reading.
-        self.checked = check_step_folder(self.root)
+        if self.policy_folder:
+            self.checked = check_pretrained_folder(self.root / self.pretrained)
+        else:
+            self.checked = check_step_folder(self.root)
         self.problems = list(self.checked.problems)
-        size_on_disk = _tree_size(self.root)
+        files = [self._file_info(entry) for entry in self.checked.entries]
+        # A Hub snapshot's files are links into its blobs: a policy folder counts what they lead to.
+        size_on_disk = sum(f.size for f in files) if self.policy_folder else _tree_size(self.root)
         self.checksums = self._check_checksums(size_on_disk)
         ts = self.checked.json.get(f"{L.TRAINING_STATE_DIR}/{L.TRAINING_STEP}")
-        ts = ts if isinstance(ts, dict) else None
+        ts = ts if isinstance(ts, dict) and not self.policy_folder else None
         if ts is not None and self.checked.other_layout is not None:
             self.layout_problems.append((f"{L.TRAINING_STATE_DIR}/{L.TRAINING_STEP}", self.checked.other_layout))
         peft = self._is_peft(ts)
         if not peft:
             self._check_weight_shapes()
-        self._require(L.PRETRAINED_DIR, L.POLICY_CONFIG)
-        self._require(L.TRAINING_STATE_DIR, L.TRAINING_STEP)
+        self._require(self.pretrained, L.POLICY_CONFIG)
+        if not self.policy_folder:
+            self._require(L.TRAINING_STATE_DIR, L.TRAINING_STEP)
         if ts is not None and self.checked.other_layout is None:
             self._check_required(ts)
         loadable = self._loadable(peft)
         self._word_layout_problems(loadable)
         return CheckpointReport(
-            path=self.root,
+            path=self.root / self.pretrained if self.policy_folder else self.root,
+            policy_folder=self.policy_folder,
             step=self._step(ts),
             layout_version=ts.get("layout_version") if ts is not None else None,
             training_step=ts,
             weights=self._weights_kind(ts),
             optimizer=self._optimizer_kind(ts),
             peft=peft,
-            files=[self._file_info(entry) for entry in self.checked.entries],
+            files=files,
             size_on_disk=size_on_disk,
             problems=[p.line for p in self.problems],
             resumable=self._resumable(),
@@ -214,6 +236,9 @@ class _Inspector:
 
     def _check_checksums(self, size_on_disk: int) -> Checksums:
         """Every file against ``checksums.json``; a file that differs is a problem naming it."""
+        if self.policy_folder:
+            return Checksums("absent", f"a policy folder carries no {L.MANIFEST} (a step folder does): "
+                             "contents not verified")
         if not manifest.has_manifest(self.root):
             return Checksums(
                 "absent", f"no {L.MANIFEST} (written before checkpoints carried one): contents not verified"
@@ -245,21 +270,21 @@ class _Inspector:
     def _check_weight_shapes(self) -> None:
         """The stored weights against the shapes ``config.json`` builds (its policy's ``weight_shapes``)."""
         parsed = self.checked.json
-        config = parsed.get(f"{L.PRETRAINED_DIR}/{L.POLICY_CONFIG}")
+        config = parsed.get(f"{self.pretrained}/{L.POLICY_CONFIG}")
         if not (isinstance(config, dict) and isinstance(config.get("type"), str)):
             self.shapes_unknown = f"{L.POLICY_CONFIG} names no policy type"
             return
-        meta_rel = f"{L.PRETRAINED_DIR}/{L.DATASET_META}"
-        if self._exists(L.PRETRAINED_DIR, L.DATASET_META) and meta_rel not in parsed:
+        meta_rel = f"{self.pretrained}/{L.DATASET_META}"
+        if self._exists(self.pretrained, L.DATASET_META) and meta_rel not in parsed:
             self.shapes_unknown = f"{L.DATASET_META} is unreadable"
             return
         expected = expected_shapes(config, parsed.get(meta_rel))
         for name, message in expected.problems:
-            self._problem(f"{L.PRETRAINED_DIR}/{name}", message)
+            self._problem(f"{self.pretrained}/{name}", message)
         if expected.shapes is None:
             self.shapes_unknown = expected.why_unknown or f"{L.POLICY_CONFIG} does not describe a model"
             return
-        for rel in (f"{L.PRETRAINED_DIR}/{L.MODEL_WEIGHTS}", f"{L.PRETRAINED_DIR}/{L.DCP_MODEL_DIR}"):
+        for rel in (f"{self.pretrained}/{L.MODEL_WEIGHTS}", f"{self.pretrained}/{L.DCP_MODEL_DIR}"):
             stored = self.checked.shapes(rel)
             mismatch = shape_mismatch(expected.shapes, stored) if stored is not None else None
             if mismatch:
@@ -307,7 +332,7 @@ class _Inspector:
         blocking = [p for p in self.problems if self.checked.blocks_loading(p)]
         if blocking:
             return Verdict(False, blocking[0].line)
-        P = L.PRETRAINED_DIR
+        P = self.pretrained
         if not self._is_file(P, L.POLICY_CONFIG):
             return Verdict(False, f"{P}/{L.POLICY_CONFIG} is missing")
         if peft and self._is_file(P, L.ADAPTER_WEIGHTS):
@@ -332,7 +357,7 @@ class _Inspector:
                 f"{weights} is whole, but its shapes are unchecked: {self.shapes_unknown}, and no verified "
                 f"{L.MANIFEST} ties it to {L.POLICY_CONFIG}",
             )
-        if self.checked.shapes(f"{P}/{L.DCP_MODEL_DIR}") is not None:
+        if self.checked.shapes(f"{P}/{L.DCP_MODEL_DIR}") is not None and not self.policy_folder:
             return Verdict(
                 False,
                 f"the weights are DCP shards only; run `lerobot convert-dcp --checkpoint_dir={self.root}` first",
@@ -351,6 +376,8 @@ class _Inspector:
         ]
 
     def _resumable(self) -> Verdict:
+        if self.policy_folder:
+            return Verdict(False, "a policy folder holds no training state: train from it with --policy.path")
         if not self.problems:
             return Verdict(True, "every file of the layout is present and consistent")
         more = f" (and {len(self.problems) - 1} more problems)" if len(self.problems) > 1 else ""
@@ -361,17 +388,19 @@ class _Inspector:
     def _is_peft(self, ts: dict[str, Any] | None) -> bool:
         if ts is not None and isinstance(ts.get("peft"), bool):
             return ts["peft"]
-        return self._is_file(L.PRETRAINED_DIR, L.ADAPTER_WEIGHTS)
+        return self._is_file(self.pretrained, L.ADAPTER_WEIGHTS)
 
     def _weights_kind(self, ts: dict[str, Any] | None) -> str | None:
         if ts is not None and ts.get("weights") in WEIGHTS_KINDS:
             return ts["weights"]
-        P = L.PRETRAINED_DIR
+        P = self.pretrained
         gathered = self._is_file(P, L.MODEL_WEIGHTS) or self._is_file(P, L.ADAPTER_WEIGHTS)
         shards = self._exists(P, L.DCP_MODEL_DIR)
         return {(True, False): "gathered", (False, True): "dcp", (True, True): "gathered+dcp"}.get((gathered, shards))
 
     def _optimizer_kind(self, ts: dict[str, Any] | None) -> str | None:
+        if self.policy_folder:
+            return None
         if ts is not None and ts.get("optimizer") in OPTIMIZER_KINDS:
             return ts["optimizer"]
         if self._exists(L.TRAINING_STATE_DIR, L.DCP_OPTIMIZER_DIR):
@@ -381,6 +410,8 @@ class _Inspector:
     def _step(self, ts: dict[str, Any] | None) -> int | None:
         if ts is not None and type(ts.get("step")) is int:
             return ts["step"]
+        if self.policy_folder:
+            return None
         return int(self.root.name) if L.is_step_dir_name(self.root.name) else None
 
     def _exists(self, *parts: str) -> bool:

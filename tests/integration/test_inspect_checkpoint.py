@@ -106,6 +106,47 @@ def test_accepts_every_documented_path(tmp_path: Path, where: str) -> None:
     assert report.path.resolve() == step_dir.resolve()
 
 
+@pytest.mark.parametrize("name", ["exported", L.PRETRAINED_DIR])
+def test_a_policy_folder_on_its_own_is_checked_for_loading(tmp_path: Path, name: str) -> None:
+    """What save_pretrained wrote outside a step folder (here a copied pretrained_model/):
+    every file checked as --policy.path checks it; no training state, so not resumable,
+    which is no problem."""
+    step_dir = write_checkpoint(tmp_path / "run")
+    folder = tmp_path / "models" / name
+    shutil.copytree(step_dir / L.PRETRAINED_DIR, folder)
+    proc = run_cli(folder)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith(f"policy folder: {folder} (saved by save_pretrained, with no training state)")
+    assert f"{name}/model.safetensors" in proc.stdout and "4 tensors, 23 params, 92 B" in proc.stdout
+    assert "resumable: no (a policy folder holds no training state" in proc.stdout
+    code, report = run_json(folder)
+    assert code == 0 and report["kind"] == "policy_folder" and report["step"] is None
+    assert report["weights"] == "gathered" and report["optimizer"] is None and report["checksums"]["state"] == "absent"
+    weights = folder / L.MODEL_WEIGHTS
+    weights.write_bytes(weights.read_bytes()[:-10])
+    proc = assert_fails_naming(folder, f"{name}/model.safetensors: truncated")
+    assert "loadable with --policy.path: no" in proc.stdout
+
+
+def test_a_hub_snapshot_is_a_policy_folder_whose_links_stay_in_its_repo(tmp_path: Path) -> None:
+    """The Hub's cache links a snapshot's files to ``../../blobs/<hash>``: those are read
+    and their sizes counted; a link leaving the repo's cache folder is a problem."""
+    exported = write_checkpoint(tmp_path / "run") / L.PRETRAINED_DIR
+    repo = tmp_path / "hub" / "models--someone--toy"
+    snapshot = repo / "snapshots" / ("c" * 40)
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    for file in exported.iterdir():
+        shutil.copyfile(file, repo / "blobs" / file.name)
+        (snapshot / file.name).symlink_to(Path("../../blobs") / file.name)
+    code, report = run_json(snapshot)
+    assert code == 0 and report["kind"] == "policy_folder", report["problems"]
+    assert report["size_on_disk"] == sum(f.stat().st_size for f in exported.iterdir())
+    (tmp_path / "elsewhere.json").write_text("{}")
+    (snapshot / "notes.json").symlink_to(tmp_path / "elsewhere.json")
+    assert_fails_naming(snapshot, f"{'c' * 40}/notes.json: links outside the checkpoint")
+
+
 def test_dcp_only_checkpoint_is_resumable_but_needs_conversion_to_load(tmp_path: Path) -> None:
     step_dir = write_checkpoint(tmp_path, weights="dcp", optimizer="dcp", dp_shard=2)
     code, report = run_json(step_dir)

@@ -36,12 +36,16 @@ def test_a_hub_policy_is_fetched_trained_from_and_then_read_offline_from_the_cac
                    if method == "GET" and "/resolve/" in path}
         assert fetched == set(files)
         missing = run_cli("train", "--policy.path=someone/no-such-model", f"--output_dir={tmp_path / 'b'}", env=env)
+        not_inspected = run_cli("inspect-checkpoint", "someone/no-such-model", env=env)
 
     assert missing.returncode == 2 and "Traceback" not in missing.stderr, missing.stderr
     assert missing.stderr.strip().splitlines()[-1].startswith(
         "error: --policy.path=someone/no-such-model: no such folder here, and the Hugging Face Hub did not give it "
         "(RepositoryNotFoundError"), missing.stderr
     assert not (tmp_path / "b").exists()
+    assert not_inspected.returncode == 2 and not_inspected.stderr.strip().splitlines()[-1].startswith(
+        "error: inspect-checkpoint someone/no-such-model: no such folder here, and the Hugging Face Hub did not "
+        "give it (RepositoryNotFoundError"), not_inspected.stderr
 
     # The run records the snapshot folder (its path names the commit), in the Hub's cache.
     recorded = json.loads((tmp_path / "a/checkpoints/last" / PRETRAINED_DIR / TRAIN_CONFIG).read_text())
@@ -55,6 +59,12 @@ def test_a_hub_policy_is_fetched_trained_from_and_then_read_offline_from_the_cac
                         f"--output_dir={tmp_path / 'eval'}", env=offline)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     assert json.loads((tmp_path / "eval/eval_info.json").read_text())["setup"]["policy_path"] == str(snapshot)
+    # And to inspect-checkpoint: the snapshot is a policy folder, its shapes those config.json builds.
+    inspected = run_cli("inspect-checkpoint", "someone/act-reach", "--json", env=offline)
+    assert inspected.returncode == 0, inspected.stdout + inspected.stderr
+    report = json.loads(inspected.stdout)
+    assert report["kind"] == "policy_folder" and report["path"] == str(snapshot), report
+    assert report["loadable"]["ok"] and "its shapes as config.json builds the model" in report["loadable"]["why"]
 
 
 @pytest.mark.fast

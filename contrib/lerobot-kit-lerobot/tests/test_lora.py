@@ -17,7 +17,7 @@ from lerobot.policies.factory import make_policy, make_pre_post_processors
 from peft import PeftModel
 from safetensors.torch import load_file
 
-from conftest import ACTION_DIM, REPO_ID, losses, train
+from conftest import ACTION_DIM, REPO_ID, inspected, losses, train
 from lerobot_side import act_on, observation
 
 
@@ -40,6 +40,8 @@ def test_lora_under_fsdp2_on_a_lerobot_checkpoint_gives_an_adapter_peft_loads_on
     work: Path, dataset_root: Path
 ) -> None:
     base = write_lerobot_checkpoint(dataset_root, work / "lerobot_base" / "pretrained_model")
+    report = inspected(base, work)  # what save_pretrained wrote: a policy folder, loadable, nothing to resume
+    assert report["kind"] == "policy_folder" and report["resumable"]["ok"] is False, report
     out = work / "act_lora"
     # --policy.path alone, LeRobot's habit: its config.json (type "act") makes the run lerobot_act's.
     result = train(work, f"--policy.path={base}", "--peft.method_type=LORA", "--peft.r=4", f"--output_dir={out}",
@@ -48,6 +50,8 @@ def test_lora_under_fsdp2_on_a_lerobot_checkpoint_gives_an_adapter_peft_loads_on
     assert "layout fsdp" in result.stderr and "policy lerobot_act |" in result.stderr and len(losses(out)) == 6
 
     adapter_dir = out / "checkpoints" / "000006" / "pretrained_model"
+    report = inspected(adapter_dir.parent, work)
+    assert report["peft"] and report["resumable"]["ok"] and report["loadable"]["ok"], report["problems"]
     saved = load_file(adapter_dir / "adapter_model.safetensors")
     assert saved and all(".lora_" in key for key in saved)
     assert any(".lora_B." in key and tensor.abs().sum() > 0 for key, tensor in saved.items())  # it trained
@@ -91,6 +95,8 @@ def test_policy_path_alone_of_a_hub_id_of_a_lerobot_checkpoint_picks_the_bridge_
     read from the snapshot in the Hub's cache (its files links into the repo's blobs)."""
     base = write_lerobot_checkpoint(dataset_root, work / "lerobot_base_alone" / "pretrained_model")
     snapshot = into_hub_cache(base, work / "hf_home" / "hub", "someone/act_base")
+    report = inspected(snapshot, work)  # its files are links into the repo's blobs; their sizes are counted
+    assert report["kind"] == "policy_folder" and report["size_on_disk"] > 1_000_000, report
     out = work / "act_lora_path_alone"
     result = train(work, "--policy.path=someone/act_base", "--peft.method_type=LORA", "--peft.r=4",
                    f"--output_dir={out}", "--batch_size=4", "--steps=2", "--log_freq=1", root=dataset_root)
