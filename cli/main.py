@@ -6,6 +6,7 @@ and ``inspect-checkpoint`` never import torch.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 
 import click
@@ -30,6 +31,16 @@ class LazyGroup(click.Group):
         if name not in SUBCOMMANDS:
             return None
         return importlib.import_module(SUBCOMMANDS[name][0]).command
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """A mistyped command names the one it is closest to, as a mistyped flag does."""
+        name = args[0] if args else ""
+        close = difflib.get_close_matches(name, list(SUBCOMMANDS), n=1) if name not in SUBCOMMANDS else []
+        if close and not name.startswith("-"):
+            ctx.fail(f"no such command {name!r}; did you mean {close[0]!r}?")
+        return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: click.Context) -> object:
         """Every subcommand words its own errors; this catches what escapes one (its module

@@ -60,3 +60,16 @@ def test_config_side_modules_do_not_import_torch() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_python_dash_m_runs_the_same_command() -> None:
+    """``python -m lerobot_kit.cli`` (what ``torchrun -m`` starts) is ``lerobot`` itself:
+    the same help under the same name, and the same one-line usage errors."""
+    module = [sys.executable, "-m", "lerobot_kit.cli"]
+    as_module = subprocess.run([*module, "--help"], capture_output=True, text=True, timeout=60)
+    assert as_module.returncode == 0 and as_module.stdout == run_cli("--help", timeout=60).stdout
+    wrong = subprocess.run([*module, "trian"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
+    assert wrong.stderr.strip().splitlines() == [
+        "error: no such command 'trian'; did you mean 'train'? (`lerobot --help` lists the commands)"
+    ], wrong.stderr

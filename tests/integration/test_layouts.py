@@ -217,11 +217,12 @@ def _two_nodes(commands: list[list[str]], workdir: Path) -> list[subprocess.Comp
 
 def test_two_torchrun_nodes_on_loopback_train_one_fsdp_job(tmp_path):
     port, out = free_port(), tmp_path / "multinode"
-    train = [script("lerobot"), "train", f"--output_dir={out}", *TINY_ACT, "--parallelism.dp_shard=2", "--steps=2",
-             "--save_freq=2"]
+    train = ["train", f"--output_dir={out}", *TINY_ACT, "--parallelism.dp_shard=2", "--steps=2", "--save_freq=2"]
+    # Node 0 starts the console script, node 1 the module (torchrun -m): the same command.
+    programs = [[script("lerobot")], ["-m", "lerobot_kit.cli"]]
     commands = [[script("torchrun"), "--nnodes=2", f"--node-rank={rank}", "--nproc-per-node=1",
-                 "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=lerobot-test", *train]
-                for rank in (0, 1)]
+                 "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=lerobot-test",
+                 *programs[rank], *train] for rank in (0, 1)]
     results = _two_nodes(commands, tmp_path)
     assert all(r.returncode == 0 for r in results), [r.stderr[-2000:] for r in results]
     log = results[0].stderr + results[1].stderr

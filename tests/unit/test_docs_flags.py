@@ -51,9 +51,10 @@ PAGE_COMMANDS: dict[str, tuple[str, ...]] = {
 # Other tools' flags the docs use (theirs, not ours): each must still be one the tool has.
 TORCHRUN = {"--nproc-per-node", "--nproc_per_node", "--nnodes", "--node-rank", "--node_rank", "--rdzv-endpoint",
             "--rdzv_endpoint", "--rdzv-backend", "--rdzv_backend", "--rdzv-id", "--rdzv_id", "--max-restarts",
-            "--max_restarts", "--standalone", "--master-addr", "--master_addr", "--master-port", "--master_port"}
+            "--max_restarts", "--standalone", "--master-addr", "--master_addr", "--master-port", "--master_port",
+            "-m", "--module"}
 ACCELERATE = {"--multi_gpu", "--num_processes", "--num_machines", "--machine_rank", "--main_process_ip",
-              "--main_process_port", "--config_file", "--mixed_precision", "--cpu"}
+              "--main_process_port", "--config_file", "--mixed_precision", "--cpu", "-m", "--module"}
 SLURM = {"--requeue", "--signal", "--nodes", "--ntasks-per-node", "--gres", "--time", "--job-name"}
 PYTEST = {"-q", "-n", "-p", "-k", "-x", "--dist"}
 LAUNCHERS = {"torchrun": TORCHRUN, "accelerate": ACCELERATE, "srun": SLURM, "sbatch": SLURM}
@@ -238,6 +239,10 @@ def check_command(words: list[str]) -> list[str]:
     program, rest = words[0], words[1:]
     if program == "python" and rest[:2] == ["-m", "torch.distributed.run"]:
         program, rest = "torchrun", rest[2:]
+    if program == "python" and rest[:2] == ["-m", "lerobot_kit.cli"]:
+        program, rest = "lerobot", rest[2:]
+    if program == "lerobot_kit.cli":  # the module a launcher's -m starts
+        program = "lerobot"
     if program == "accelerate" and rest[:1] == ["launch"]:
         rest = rest[1:]
     if program in LAUNCHERS:
@@ -391,6 +396,8 @@ def test_the_checks_catch_what_they_are_for() -> None:
     assert check_command(["lerobot", "train", "--policy.type=lerobot_act", "--policy.kl_weigth=1"]) != []
     assert check_command(["torchrun", "--nproc-per-node=2", "lerobot", "train", "--parallelism.dp_shard=2"]) == []
     assert check_command(["torchrun", "--nproc-per-nod=2", "lerobot", "train"]) != []
+    assert check_command(["torchrun", "-m", "lerobot_kit.cli", "train", "--stpes=3"]) != []
+    assert check_command(["python", "-m", "lerobot_kit.cli", "trian"]) != []
     assert check_command(["lerobot", "plan", "--world_size=8", "--json", "--batch_size=4"]) == []
     assert check_command(["lerobot", "inspect-checkpoint", "path", "--no-verify", "--verify-max-bytes=9"]) == []
     assert check_command(["lerobot", "convert-dcp", "--checkpoint_dir=x", "--delete_dcp=true", "--verify"]) != []
