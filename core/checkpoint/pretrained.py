@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from torch import Tensor, nn
 
 from lerobot_kit.core.checkpoint.weights import write_weights_file
+from lerobot_kit.core.config.foreign_config import refused_config_advice
 from lerobot_kit.core.config.schema import PolicyConfig
 from lerobot_kit.core.config.validation_errors import file_line
 from lerobot_kit.core.data.dataset import DatasetMeta
@@ -169,8 +170,8 @@ def _read_policy(directory: Path) -> tuple[PolicyConfig, DatasetMeta]:
         config = get_registry().policy(policy_type).config_class.model_validate(config_json)
     except ValidationError as exc:
         raise CheckpointError(
-            f"{directory / POLICY_CONFIG}: not a valid {policy_type!r} config: {file_line(exc.errors())}; the checkpoint is "
-            "damaged or was written by another version"
+            f"{directory / POLICY_CONFIG}: not a valid {policy_type!r} config: {file_line(exc.errors())}; "
+            f"{refused_config_advice(config_json)}"
         ) from exc
     try:
         meta = DatasetMeta.from_json(_read_json(directory / DATASET_META))

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from lerobot_kit.core.config import json_input
+from lerobot_kit.core.config.foreign_config import refused_config_advice
 from lerobot_kit.core.config.schema import DatasetConfig, EnvConfig, PolicyConfig, Section, TrainConfig
 from lerobot_kit.core.config.validation_errors import file_line, flag_lines, shown
 from lerobot_kit.core.errors import CheckpointError, ConfigError, LerobotError
@@ -123,8 +124,9 @@ def resolve_section(raw: dict[str, Any], key: str, problems: list[str], typed_by
     if key == "policy" and isinstance(value.get("path"), str):
         value["path"] = local_policy_path(value["path"])
     pretrained = value.get("path") if key == "policy" and "type" not in value else None
-    if key == "policy" and value.get("path") and "type" not in value:
-        saved = _pretrained_policy_config(value["path"])
+    saved: dict[str, Any] = {}
+    if pretrained:
+        saved = _pretrained_policy_config(pretrained)
         claimed = get_registry().claiming_policy_type(saved)
         # A type that claims the checkpoint reads its files itself: only the type is set here.
         value = {**value, "type": claimed} if claimed else deep_merge(saved, value)
@@ -150,12 +152,14 @@ def resolve_section(raw: dict[str, Any], key: str, problems: list[str], typed_by
         return config_class.model_validate(value)
     except ValidationError as exc:
         if pretrained:
-            _refuse_damaged_pretrained(exc, given, pretrained, type_name)
+            _refuse_damaged_pretrained(exc, given, pretrained, type_name, saved)
         problems.extend(flag_lines(exc, config_class, prefix=f"{key}."))
         return None
 
 
-def _refuse_damaged_pretrained(exc: ValidationError, given: frozenset[str], path: str, type_name: str) -> None:
+def _refuse_damaged_pretrained(
+    exc: ValidationError, given: frozenset[str], path: str, type_name: str, saved: dict[str, Any]
+) -> None:
     """A ``CheckpointError`` when fields that no flag set, read from the ``config.json`` of
     ``--policy.path``, are what the policy rejects: the checkpoint is damaged or of another
     version, which no flag fixes. Problems with the fields the flags set stay flag errors."""
@@ -166,7 +170,7 @@ def _refuse_damaged_pretrained(exc: ValidationError, given: frozenset[str], path
     if from_file:
         raise CheckpointError(
             f"--policy.path={path}: {_pretrained_config_file(path)}: not a valid {type_name!r} config: "
-            f"{file_line(from_file)}; the checkpoint is damaged or was written by another version"
+            f"{file_line(from_file)}; {refused_config_advice(saved)}"
         ) from exc
 
 

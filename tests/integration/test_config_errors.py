@@ -178,6 +178,32 @@ def test_a_checkpoint_config_its_policy_rejects_is_one_line_with_the_count(
     assert line.endswith("(and 2 more); the checkpoint is damaged or was written by another version"), line
 
 
+@pytest.mark.parametrize("command", ["train", "eval", "inspect-checkpoint"])
+def test_a_config_lerobot_wrote_asks_for_the_bridge_when_it_is_not_installed(
+    trained: Path, tmp_path: Path, command: str
+) -> None:
+    """A folder lerobot-train wrote names type "act" with LeRobot's fields: without the
+    bridge (not installed here) it is not damaged, and the line says what to install."""
+    folder = tmp_path / "from_lerobot"
+    shutil.copytree(trained / L.CHECKPOINTS_DIR / "000002" / L.PRETRAINED_DIR, folder)
+    config = json.loads((folder / L.POLICY_CONFIG).read_text())
+    features = {"observation.state": {"type": "STATE", "shape": [3]}}
+    config.update(input_features=features, output_features={"action": {"type": "ACTION", "shape": [3]}})
+    (folder / L.POLICY_CONFIG).write_text(json.dumps(config))
+    work = tmp_path / "work"
+    work.mkdir()
+    if command == "inspect-checkpoint":  # the report on stdout, the problem on stderr
+        result = run_cli(command, str(folder), cwd=work, timeout=60)
+        assert result.returncode == 1, result.stdout + result.stderr
+        [line] = result.stderr.splitlines()
+    else:
+        line = refused(work, command, f"--policy.path={folder}", *(["--steps=1"] if command == "train" else []), code=1)
+    assert "not a valid 'act' config: " in line and line.endswith(
+        "LeRobot wrote it (it records input_features and output_features): install the LeRobot bridge "
+        "(lerobot-kit-lerobot, in contrib/ of lerobot-kit's source; Python >= 3.12) to read it as "
+        "--policy.type=lerobot_act"), line
+
+
 def test_a_flag_over_a_valid_checkpoint_config_stays_a_flag_error(trained: Path, tmp_path: Path) -> None:
     """Only what the file holds is the checkpoint's fault: a bad flag over it is the user's (exit 2)."""
     step_dir = trained / L.CHECKPOINTS_DIR / "000002"
