@@ -17,6 +17,8 @@ from typing import Any, get_args
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from lerobot_kit.core.config.lerobot_flags import lerobot_flag_advice
+
 # Inputs are echoed short: a flag value can be a 5000-digit number or a JSON list.
 _SHORT = reprlib.Repr()
 _SHORT.maxstring = _SHORT.maxother = _SHORT.maxlong = 60
@@ -31,7 +33,9 @@ def flag_lines(exc: ValidationError, model: type[BaseModel], prefix: str = "") -
     for err in exc.errors():
         loc = tuple(err["loc"])
         path = (prefix + ".".join(str(p) for p in loc)).rstrip(".") or "config"
-        if err["type"] == "extra_forbidden":
+        if err["type"] == "extra_forbidden" and (advice := lerobot_flag_advice(path)):
+            lines.append(f"--{path}: {advice}")
+        elif err["type"] == "extra_forbidden":
             hint = difflib.get_close_matches(str(loc[-1]), _field_names(model, loc[:-1]), n=1)
             suggestion = f"; did you mean --{prefix}{'.'.join([*map(str, loc[:-1]), hint[0]])}?" if hint else ""
             lines.append(f"--{path}: unknown flag{suggestion}")

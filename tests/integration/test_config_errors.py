@@ -117,6 +117,12 @@ FLAGS = {
     "convert-dcp: a missing flag": ("convert-dcp", [], ("Missing option '--checkpoint_dir'. (`lerobot convert-dcp "
                                                         "--help` lists the flags)")),
     "inspect-checkpoint: an unknown flag": ("inspect-checkpoint", ["--bogus", "x"], "No such option '--bogus'."),
+    "LeRobot's device flag": ("train", ["--policy.device=cuda"], (
+        "--policy.device: a LeRobot flag that lerobot-kit does not take: each rank runs on its launcher's device")),
+    "LeRobot's wandb flags": ("train", ["--wandb.enable=true", "--wandb.project=p"], (
+        "--wandb: a LeRobot flag that lerobot-kit does not take: lerobot-kit logs to trackio (--trackio.enable=true")),
+    "eval: LeRobot's amp flag": ("eval", ["--policy.path=x", "--policy.use_amp=true"], (
+        "--policy.use_amp: a LeRobot flag that lerobot-kit does not take: use --accelerator.mixed_precision=bf16")),
 }
 
 

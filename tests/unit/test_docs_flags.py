@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from lerobot_kit.core.config.lerobot_flags import INSTEAD, lerobot_flag_advice
 
 ALL = ("train", "plan", "eval", "convert-dcp", "inspect-checkpoint", "plugins", "benchmarks")
 PAGE_COMMANDS: dict[str, tuple[str, ...]] = {
@@ -315,7 +316,7 @@ def page_problems(rel: str) -> list[str]:
     allowed = functools.reduce(Flags.merge, (command_flags(c) for c in PAGE_COMMANDS[rel]))
     for flag in prose_flags:
         for one in expand(flag.rstrip(".")):
-            if one not in OTHERS and not allowed.accepts(one):
+            if one not in OTHERS and not allowed.accepts(one) and not lerobot_flag_advice(one.removeprefix("--")):
                 problems.append(f"{one}: named in the prose, but no flag of {', '.join(PAGE_COMMANDS[rel])}")
     return problems
 
@@ -407,3 +408,10 @@ def test_the_checks_catch_what_they_are_for() -> None:
         ["A=1", "lerobot", "train", "--steps=3"], ["lerobot", "eval", "--x=1"]]
     assert expand("--a.{b,c}") == ["--a.b", "--a.c"]
     assert list(itertools.islice(quoted_defaults("docs/evaluation.md"), 1))  # the page quotes defaults
+
+
+def test_every_lerobot_flag_refused_by_name_is_in_the_docs_table() -> None:
+    text = (REPO / "docs" / "configuration.md").read_text()
+    table = text.split("## Coming from `lerobot-train`", 1)[1].split("\n## ", 1)[0]
+    assert [key for key in INSTEAD if f"`--{key}" not in table] == []
+
