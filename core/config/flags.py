@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from lerobot_kit.core.config import json_input
-from lerobot_kit.core.config.foreign_config import refused_config_advice
+from lerobot_kit.core.config.foreign_config import lerobot_train_config_advice, refused_config_advice
 from lerobot_kit.core.config.schema import DatasetConfig, EnvConfig, PolicyConfig, Section, TrainConfig
 from lerobot_kit.core.config.validation_errors import file_line, flag_lines, shown
 from lerobot_kit.core.errors import CheckpointError, ConfigError, LerobotError
@@ -82,10 +82,14 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def read_config_file(path: str) -> dict[str, Any]:
     """The JSON object in ``path``; any way it cannot be one is a one-line ``ConfigError``."""
     try:
-        return json_input.read_object(Path(path))
+        raw = json_input.read_object(Path(path))
     except json_input.UnusableJson as exc:
         fix = exc.fix or "give a JSON config file, such as the train_config.json a run writes"
         raise ConfigError(f"--config_path={path}: {exc}; {fix}") from exc
+    advice = lerobot_train_config_advice(Path(path), raw)
+    if advice:
+        raise ConfigError(f"--config_path={path}: {advice}")
+    return raw
 
 
 def merge_sources(file: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:

@@ -188,6 +188,9 @@ class _Inspector:
         ts = ts if isinstance(ts, dict) and not self.policy_folder else None
         if ts is not None and self.checked.other_layout is not None:
             self.layout_problems.append((f"{L.TRAINING_STATE_DIR}/{L.TRAINING_STEP}", self.checked.other_layout))
+            # Another layout's training state (LeRobot's RNG entries, say) breaks this layout's
+            # rules file by file; that it cannot be resumed is the one thing to say about it.
+            self.problems = [p for p in self.problems if not p.file.startswith(f"{L.TRAINING_STATE_DIR}/")]
         peft = self._is_peft(ts)
         if not peft:
             self._check_weight_shapes()

@@ -69,6 +69,12 @@ CONFIG_FILES = {
     "NaN": (_file("nan.json", '{"optimizer": {"lr": NaN}}'), "NaN is not a JSON number; give a finite number"),
     "5000 digits": (_file("digits.json", '{"steps": ' + "9" * 5000 + "}"),
                     "the integer 999999999999... has 5000 digits, beyond any field's range"),
+    "LeRobot's run config": (_file("train_config.json", json.dumps(
+        {"dataset": {"repo_id": "user/data"}, "policy": {"type": "act", "device": "cuda"}, "wandb": {"enable": False},
+         "use_policy_training_preset": True, "prefetch_factor": 4})),
+        "a train_config.json that LeRobot's lerobot-train wrote: lerobot-kit neither reads LeRobot's settings nor "
+        "resumes LeRobot's runs (its training state is LeRobot's layout); start from its weights with "
+        "--policy.path=<its pretrained_model/> and give the settings as flags"),
 }
 
 

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
 
 from checkpoint_files import (
     STEP,
@@ -30,6 +32,7 @@ from checkpoint_files import (
     write_json,
 )
 from lerobot_kit.core.layout import paths as L
+from lerobot_kit.core.layout.manifest import write_manifest
 from lerobot_kit.core.layout.dcp_metadata import TORCH_DTYPE_ITEMSIZE, UnsafeMetadataError, read_dcp_metadata
 from lerobot_kit.core.offline.inspect import inspect_checkpoint
 from lerobot_kit.core.errors import CheckpointError
@@ -382,10 +385,16 @@ def test_other_layout_versions(tmp_path: Path, version: int, word: str) -> None:
 
 
 def test_lerobot_06_training_step_without_layout_version(tmp_path: Path) -> None:
+    """LeRobot's step folder: its training state is LeRobot's (its RNG entries are not this
+    layout's), so the one problem is that it cannot be resumed; its weights still load."""
     step_dir = write_checkpoint(tmp_path)
     write_json(step_dir / L.TRAINING_STATE_DIR / L.TRAINING_STEP, {"step": STEP})
+    save_file({"np_rng_has_gauss": torch.zeros(1), "torch_rng_state": torch.zeros(8, dtype=torch.uint8)},
+              step_dir / L.TRAINING_STATE_DIR / L.RNG_STATE)
+    write_manifest(step_dir)
     report = inspect_checkpoint(step_dir)
     assert report.loadable.ok and not report.resumable.ok
+    assert len(report.problems) == 1, report.problems
     assert report.problems[0].startswith("training_state/training_step.json: has no layout_version: an older layout")
 
 
