@@ -49,4 +49,3 @@ def lerobot_train_config_advice(path: Path, raw: dict[str, Any]) -> str | None:
         f"resumes LeRobot's runs (its training state is LeRobot's layout); start from its weights with "
         f"--policy.path={beside} and give the settings as flags (docs/configuration.md: Coming from lerobot-train)"
     )
-

@@ -414,4 +414,3 @@ def test_every_lerobot_flag_refused_by_name_is_in_the_docs_table() -> None:
     text = (REPO / "docs" / "configuration.md").read_text()
     table = text.split("## Coming from `lerobot-train`", 1)[1].split("\n## ", 1)[0]
     assert [key for key in INSTEAD if f"`--{key}" not in table] == []
-
