@@ -28,15 +28,29 @@ def written_by_lerobot(saved: Any) -> bool:
     return isinstance(saved, dict) and "input_features" in saved and "output_features" in saved
 
 
-def refused_config_advice(saved: Any) -> str:
-    """The end of the one line that refuses ``saved`` (a parsed ``config.json``)."""
+def lerobot_config_advice(saved: Any) -> str | None:
+    """What to do with a ``config.json`` that LeRobot wrote, refused by the type it names; else None.
+    With the bridge installed its type claims the file, but only for training from it."""
     if not written_by_lerobot(saved):
-        return DAMAGED
+        return None
+    from lerobot_kit.core.registry.registry import get_registry
+
+    claimed = get_registry().claiming_policy_type(saved)
+    if claimed:
+        return (
+            f"LeRobot wrote it, and lerobot-kit reads it as {claimed} only to train from it (--policy.path): "
+            "load it with LeRobot's from_pretrained, or evaluate it with LeRobot's lerobot-eval"
+        )
     return (
-        f"LeRobot wrote it (it records input_features and output_features): install the LeRobot bridge "
-        f"(lerobot-kit-lerobot, in contrib/ of lerobot-kit's source; Python >= 3.12) to read it as "
+        "LeRobot wrote it (it records input_features and output_features): install the LeRobot bridge "
+        "(lerobot-kit-lerobot, in contrib/ of lerobot-kit's source; Python >= 3.12) to read it as "
         f"--policy.type=lerobot_{saved.get('type')}"
     )
+
+
+def refused_config_advice(saved: Any) -> str:
+    """The end of the one line that refuses ``saved`` (a parsed ``config.json``)."""
+    return lerobot_config_advice(saved) or DAMAGED
 
 
 def lerobot_train_config_advice(path: Path, raw: dict[str, Any]) -> str | None:

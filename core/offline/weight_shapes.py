@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
-from lerobot_kit.core.config.foreign_config import refused_config_advice, written_by_lerobot
+from lerobot_kit.core.config.foreign_config import lerobot_config_advice
 from lerobot_kit.core.config.validation_errors import file_line
 from lerobot_kit.core.errors import LerobotError
 from lerobot_kit.core.layout.paths import DATASET_META, POLICY_CONFIG
@@ -65,8 +65,8 @@ def expected_shapes(config: dict[str, Any], meta: Any) -> Expected:
     try:
         policy_config = config_class.model_validate(config)
     except ValidationError as err:
-        advice = f": {refused_config_advice(config)}" if written_by_lerobot(config) else ""
-        problem = f"not a valid {policy_type!r} config: {file_line(err.errors())}{advice}"
+        advice = lerobot_config_advice(config)
+        problem = f"not a valid {policy_type!r} config: {file_line(err.errors())}{f': {advice}' if advice else ''}"
         return Expected(None, "", [(POLICY_CONFIG, problem)])
     if meta is None:
         return Expected(None, "", [(DATASET_META, "missing; the model's shapes depend on the dataset features")])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ACTION_DIM, TINY_ACT, copy_crashed, inspected, losses, train
+from conftest import ACTION_DIM, TINY_ACT, copy_crashed, inspected, losses, run, train
 from lerobot_side import act_on, assert_same_weights, load_with_lerobot, observation, sharded_weights
 
 
@@ -28,6 +28,13 @@ def test_fsdp2_act_learns_and_lerobot_loads_and_runs_the_checkpoint(work: Path, 
     pretrained = out / "checkpoints" / "000016" / "pretrained_model"
     report = inspected(pretrained.parent, work)  # LeRobot's config.json is read as lerobot_act's, not core ACT's
     assert report["resumable"]["ok"] and report["loadable"]["ok"], report["problems"]
+    # lerobot eval runs lerobot-kit's own policies: one line naming LeRobot's tools, not "install the bridge".
+    evaluated = run(["eval", f"--policy.path={pretrained}", "--eval.n_episodes=1", f"--output_dir={work / 'ev'}"],
+                    work, check=False)
+    assert evaluated.returncode == 1 and evaluated.stderr.strip().splitlines()[-1].endswith(
+        "LeRobot wrote it, and lerobot-kit reads it as lerobot_act only to train from it (--policy.path): load it "
+        "with LeRobot's from_pretrained, or evaluate it with LeRobot's lerobot-eval"), evaluated.stderr
+    assert not (work / "ev").exists()
     policy, preprocessor, postprocessor = load_with_lerobot(pretrained, "act")
     assert type(policy).__name__ == "ACTPolicy" and policy.config.dim_model == 32
     assert_same_weights(policy, sharded_weights(pretrained, work))
