@@ -7,11 +7,13 @@ Everything runs offline: the dataset is generated, backbones start from random w
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -84,6 +86,19 @@ def inspected(path: Path, tmp: Path) -> dict:
 def losses(output_dir: Path) -> list[float]:
     lines = (output_dir / "logs" / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line)["loss"] for line in lines]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temp_files_in_pytest_folder(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Temporary files go to pytest's folder, which pytest prunes: LeRobot's config loading
+    leaves a JSON file in the temp dir at each call and torchrun a log folder at each launch.
+    torch.compile's cache stays where it is, linked in, so compiled code is reused."""
+    inductor_cache = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
+    inductor_cache.mkdir(exist_ok=True)
+    temp_dir = tmp_path_factory.mktemp("tmp")
+    (temp_dir / inductor_cache.name).symlink_to(inductor_cache)
+    os.environ["TMPDIR"] = str(temp_dir)
+    tempfile.tempdir = None
 
 
 @pytest.fixture(scope="session")
