@@ -174,6 +174,19 @@ def test_a_vla_on_a_dataset_without_a_camera_is_one_line(tmp_path: Path, vla_ass
     assert not (tmp_path / "run").exists()
 
 
+def test_a_vla_narrower_than_the_datasets_state_is_one_line(tmp_path: Path, dataset_root: Path,
+                                                            vla_assets: Path) -> None:
+    """Without the check, "mat1 and mat2 shapes cannot be multiplied" in the first step."""
+    result = run(["train", f"--dataset.repo_id={REPO_ID}", f"--dataset.root={dataset_root}", "--num_workers=0",
+                  *tiny_smolvla(vla_assets), "--policy.max_state_dim=2", f"--output_dir={tmp_path / 'run'}"],
+                 tmp_path, check=False)
+    assert result.returncode == 2 and last_error_line(result) == (
+        "error: --policy.max_state_dim=2 is narrower than the dataset's 'observation.state' (3 values): LeRobot's "
+        "smolvla zero-pads it to max_state_dim and cannot shorten it; set --policy.max_state_dim=3 or more"
+    ), result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_vla_on_a_dataset_without_task_texts_is_one_line(tmp_path: Path, dataset_root: Path,
                                                            vla_assets: Path) -> None:
     root = shutil.copytree(dataset_root, tmp_path / "no_tasks")

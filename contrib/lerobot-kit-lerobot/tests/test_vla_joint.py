@@ -190,6 +190,32 @@ def test_quantile_normalisation_without_quantile_stats_is_one_clear_error() -> N
                                              num_episodes=1, num_frames=10))
 
 
+@pytest.mark.parametrize("kind", ["pi0", "pi05", "smolvla"])
+def test_an_action_or_projected_state_wider_than_the_policy_is_refused(kind: str) -> None:
+    """π0 and SmolVLA project the zero-padded state, π0.5 writes it into its prompt (any
+    width goes); all three project the zero-padded action."""
+    from lerobot_kit.api import ConfigError, DatasetMeta, FeatureSpec
+    from lerobot_kit_lerobot.configuration import CONFIG_CLASSES
+    from lerobot_kit_lerobot.modeling import LerobotPI0, LerobotPI05, LerobotSmolVLA, check_padded_widths
+
+    def meta(state: int, action: int) -> DatasetMeta:
+        features = {"observation.state": FeatureSpec("float32", (state,)), "action": FeatureSpec("float32", (action,))}
+        return DatasetMeta(features=features, stats={}, fps=10, num_episodes=1, num_frames=10)
+
+    config = CONFIG_CLASSES[kind](max_state_dim=4, max_action_dim=6)
+    projects_state = {"pi0": LerobotPI0, "pi05": LerobotPI05, "smolvla": LerobotSmolVLA}[kind].projects_state
+    assert projects_state == (kind != "pi05")
+    check_padded_widths(config, meta(4, 6), projects_state)
+    with pytest.raises(ConfigError, match=r"^--policy.max_action_dim=6 is narrower than the dataset's 'action' "
+                                          rf"\(7 values\): LeRobot's {kind} zero-pads"):
+        check_padded_widths(config, meta(4, 7), projects_state)
+    if projects_state:
+        with pytest.raises(ConfigError, match=r"^--policy.max_state_dim=4 is narrower .* set --policy.max_state_dim=5"):
+            check_padded_widths(config, meta(5, 6), projects_state)
+    else:
+        check_padded_widths(config, meta(50, 6), projects_state)
+
+
 @pytest.mark.parametrize(("kind", "graphs"), [("pi0", 1), ("pi05", 1), ("smolvla", 2)])
 def test_joint_layers_compile_to_one_graph_for_all_pairs(kind: str, graphs: int, vla_assets: Path) -> None:
     """What ``--accelerator.compile=true`` compiles of these policies is each pair's method; it

@@ -213,8 +213,12 @@ class LerobotVLA(LerobotPolicy):
 
     builds_on_meta = True
     reads_task = True
+    # Whether LeRobot's model projects the state vector, zero-padded to max_state_dim (π0,
+    # SmolVLA); π0.5 writes the state into the prompt instead.
+    projects_state: ClassVar[bool] = True
 
     def __init__(self, config: LerobotPolicyConfig, meta: DatasetMeta) -> None:
+        check_padded_widths(config, meta, self.projects_state)
         if not meta.image_keys():
             # LeRobot's would fail in the first step ("All image features are missing").
             raise ConfigError(
@@ -256,6 +260,21 @@ class LerobotVLA(LerobotPolicy):
             self.tokens_checked = True
         with self.draws.for_batch(batch) if self.training else contextlib.nullcontext():
             return flow_matching_loss(self.lerobot, batch), {}
+
+
+def check_padded_widths(config: LerobotPolicyConfig, meta: DatasetMeta, projects_state: bool) -> None:
+    """LeRobot's VLAs zero-pad the action (and a projected state) to ``max_action_dim`` /
+    ``max_state_dim`` and leave a wider one as it is, which their projections then fail on
+    in the first step with a shape error: refuse such a dataset before anything is built."""
+    widths = {"action": "max_action_dim"} | ({"observation.state": "max_state_dim"} if projects_state else {})
+    for key, field in widths.items():
+        feature, limit = meta.features.get(key), getattr(config, field)
+        if feature is not None and feature.shape and feature.shape[-1] > limit:
+            raise ConfigError(
+                f"--policy.{field}={limit} is narrower than the dataset's {key!r} ({feature.shape[-1]} values): "
+                f"LeRobot's {config.type.removeprefix('lerobot_')} zero-pads it to {field} and cannot shorten it; "
+                f"set --policy.{field}={feature.shape[-1]} or more"
+            )
 
 
 @contextlib.contextmanager
@@ -353,6 +372,7 @@ class LerobotPI0(LerobotPi):
 
 class LerobotPI05(LerobotPi):
     lerobot_type = "pi05"
+    projects_state = False
 
 
 class LerobotSmolVLA(LerobotVLA):
