@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO_ID, env, make_dataset, run, tiny_pi, tiny_smolvla
+from conftest import BIN, REPO_ID, TINY_ACT, env, make_dataset, run, tiny_pi, tiny_smolvla
 
 BRIDGE_SOURCE = Path(__file__).resolve().parents[1]
 
@@ -184,6 +184,21 @@ def test_a_vla_narrower_than_the_datasets_state_is_one_line(tmp_path: Path, data
         "error: --policy.max_state_dim=2 is narrower than the dataset's 'observation.state' (3 values): LeRobot's "
         "smolvla zero-pads it to max_state_dim and cannot shorten it; set --policy.max_state_dim=3 or more"
     ), result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("kind", ["act", "pi05"])
+def test_a_dataset_without_the_robots_state_is_one_line(tmp_path: Path, vla_assets: Path, kind: str) -> None:
+    """LeRobot 0.6.1's ACT reads the state even where its docs call it optional (a KeyError in
+    the first step), π0.5 raises "State is required" there."""
+    root = make_dataset(tmp_path / "no_state", REPO_ID, episodes=2, length=8, image_hw=(48, 64), record_state=False)
+    flags = TINY_ACT if kind == "act" else tiny_pi(vla_assets)
+    result = run(["train", f"--dataset.repo_id={REPO_ID}", f"--dataset.root={root}", "--num_workers=0", *flags,
+                  f"--output_dir={tmp_path / 'run'}"], tmp_path, check=False)
+    assert result.returncode == 2 and last_error_line(result) == (
+        f"error: policy.type=lerobot_{kind} cannot use this dataset (features ['action', 'observation.images.top']): "
+        f"LeRobot's {kind} reads the robot's state ('observation.state') in every step, and the dataset has none; "
+        "train it on a dataset that records the state"), result.stderr
     assert not (tmp_path / "run").exists()
 
 

@@ -19,14 +19,17 @@ TASKS = ("reach the target", "reach the target slowly")
 
 
 def make_dataset(root: Path, repo_id: str, *, episodes: int, length: int, image_hw: tuple[int, int] | None,
-                 fps: int = 10) -> Path:
-    """The dataset; ``image_hw=None`` leaves the camera out (a dataset the VLAs must refuse)."""
+                 fps: int = 10, record_state: bool = True) -> Path:
+    """The dataset; ``image_hw=None`` leaves the camera out (a dataset the VLAs must refuse),
+    ``record_state=False`` the state (one every bridged policy must refuse)."""
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     features = {
         "observation.state": {"dtype": "float32", "shape": (STATE_DIM,), "names": ["x", "y", "z"]},
         "action": {"dtype": "float32", "shape": (ACTION_DIM,), "names": ["dx", "dy", "dz"]},
     }
+    if not record_state:
+        del features["observation.state"]
     if image_hw is not None:
         features["observation.images.top"] = {
             "dtype": "video", "shape": (*image_hw, 3), "names": ["height", "width", "channels"],
@@ -40,6 +43,8 @@ def make_dataset(root: Path, repo_id: str, *, episodes: int, length: int, image_
             brightness = (state[0] + 1) / 2
             action = (state @ mix + brightness).astype(np.float32)
             frame = {"observation.state": state, "action": action, "task": TASKS[episode % len(TASKS)]}
+            if not record_state:
+                del frame["observation.state"]
             shade = rng.integers(0, 255)
             if image_hw is not None:
                 image = np.full((*image_hw, 3), int(40 + 170 * brightness), dtype=np.uint8)

@@ -58,6 +58,7 @@ class LerobotPolicy(Policy):
         # No _init_from_entry_rng: LeRobot's constructor initialises every weight from the
         # RNG it is entered with, and init_weights replays exactly that construction.
         super().__init__(config, meta)
+        self.check_dataset(config, meta)
         check_schema(self.lerobot_type)
         self.lerobot_config = to_lerobot_config(config, meta)
         lerobot_policy = self.build_lerobot()
@@ -71,6 +72,18 @@ class LerobotPolicy(Policy):
         for name, child in lerobot_policy.named_children():
             self.add_module(name, child)
         object.__setattr__(self, "lerobot", lerobot_policy)  # unregistered: see the module doc
+
+    def check_dataset(self, config: LerobotPolicyConfig, meta: DatasetMeta) -> None:
+        """Refuse, before LeRobot's constructor runs, a dataset LeRobot's policy would fail on
+        in its first step with an error that does not name the dataset. Every type bridged here
+        reads the robot's state (LeRobot 0.6.1's ACT too, though its docs call the state
+        optional: it reads the state's device), else a KeyError or "State is required"."""
+        if "observation.state" not in meta.features:
+            raise ConfigError(
+                f"policy.type={config.type} cannot use this dataset (features {sorted(meta.features)}): LeRobot's "
+                f"{self.lerobot_type} reads the robot's state ('observation.state') in every step, and the dataset "
+                "has none; train it on a dataset that records the state"
+            )
 
     def build_lerobot(self) -> PreTrainedPolicy:
         """LeRobot's policy for this config, on the current default device."""
@@ -218,18 +231,22 @@ class LerobotVLA(LerobotPolicy):
     projects_state: ClassVar[bool] = True
 
     def __init__(self, config: LerobotPolicyConfig, meta: DatasetMeta) -> None:
-        check_padded_widths(config, meta, self.projects_state)
+        super().__init__(config, meta)
+        self.install_joint()
+        self.draws = PerSampleDraws(self.lerobot.model, seed=torch.initial_seed())
+        self.tokens_checked = False
+
+    def check_dataset(self, config: LerobotPolicyConfig, meta: DatasetMeta) -> None:
+        """Also a camera (else LeRobot's "All image features are missing"), and vectors no
+        wider than LeRobot pads them to."""
         if not meta.image_keys():
-            # LeRobot's would fail in the first step ("All image features are missing").
             raise ConfigError(
                 f"policy.type={config.type} cannot use this dataset (features {sorted(meta.features)}): LeRobot's "
                 f"{self.lerobot_type} reads at least one camera image in every step, and the dataset has no image "
                 "or video feature; train it on a dataset recorded with a camera"
             )
-        super().__init__(config, meta)
-        self.install_joint()
-        self.draws = PerSampleDraws(self.lerobot.model, seed=torch.initial_seed())
-        self.tokens_checked = False
+        super().check_dataset(config, meta)
+        check_padded_widths(config, meta, self.projects_state)
 
     def install_joint(self) -> None:
         raise NotImplementedError
