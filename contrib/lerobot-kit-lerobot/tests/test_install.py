@@ -187,18 +187,28 @@ def test_a_vla_narrower_than_the_datasets_state_is_one_line(tmp_path: Path, data
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("kind", ["act", "pi05"])
-def test_a_dataset_without_the_robots_state_is_one_line(tmp_path: Path, vla_assets: Path, kind: str) -> None:
-    """LeRobot 0.6.1's ACT reads the state even where its docs call it optional (a KeyError in
-    the first step), π0.5 raises "State is required" there."""
+def test_a_dataset_without_the_robots_state_is_one_line(tmp_path: Path) -> None:
+    """LeRobot 0.6.1's ACT reads the state even where its docs call it optional: a KeyError in
+    the first step (the VLAs' refusals: test_vla_joint.py)."""
     root = make_dataset(tmp_path / "no_state", REPO_ID, episodes=2, length=8, image_hw=(48, 64), record_state=False)
-    flags = TINY_ACT if kind == "act" else tiny_pi(vla_assets)
-    result = run(["train", f"--dataset.repo_id={REPO_ID}", f"--dataset.root={root}", "--num_workers=0", *flags,
+    result = run(["train", f"--dataset.repo_id={REPO_ID}", f"--dataset.root={root}", "--num_workers=0", *TINY_ACT,
                   f"--output_dir={tmp_path / 'run'}"], tmp_path, check=False)
     assert result.returncode == 2 and last_error_line(result) == (
-        f"error: policy.type=lerobot_{kind} cannot use this dataset (features ['action', 'observation.images.top']): "
-        f"LeRobot's {kind} reads the robot's state ('observation.state') in every step, and the dataset has none; "
+        "error: policy.type=lerobot_act cannot use this dataset (features ['action', 'observation.images.top']): "
+        "LeRobot's act reads the robot's state ('observation.state') in every step, and the dataset has none; "
         "train it on a dataset that records the state"), result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_smolvla_loading_its_vlms_weights_from_a_folder_without_them_is_one_line(tmp_path: Path, dataset_root: Path,
+                                                                                 vla_assets: Path) -> None:
+    result = run(["train", f"--dataset.repo_id={REPO_ID}", f"--dataset.root={dataset_root}", "--num_workers=0",
+                  *tiny_smolvla(vla_assets), "--policy.load_vlm_weights=true", f"--output_dir={tmp_path / 'run'}"],
+                 tmp_path, check=False)
+    assert result.returncode == 2 and last_error_line(result).startswith(
+        f"error: --policy.vlm_model_name={vla_assets / 'smolvlm'}: LeRobot cannot load its VLM's config, processor "
+        "and weights (config.json, processor and tokenizer files, model.safetensors: --policy.load_vlm_weights=true) "
+        "from it (Error no file named model.safetensors"), result.stderr
     assert not (tmp_path / "run").exists()
 
 

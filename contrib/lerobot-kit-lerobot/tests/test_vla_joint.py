@@ -191,29 +191,35 @@ def test_quantile_normalisation_without_quantile_stats_is_one_clear_error() -> N
 
 
 @pytest.mark.parametrize("kind", ["pi0", "pi05", "smolvla"])
-def test_an_action_or_projected_state_wider_than_the_policy_is_refused(kind: str) -> None:
-    """π0 and SmolVLA project the zero-padded state, π0.5 writes it into its prompt (any
-    width goes); all three project the zero-padded action."""
+def test_a_dataset_the_vla_would_fail_on_in_its_first_step_is_refused(kind: str) -> None:
+    """Before LeRobot's constructor runs: no state; an action wider than LeRobot zero-pads it
+    to; a state wider, for π0 and SmolVLA, which project it (π0.5 writes it into its prompt:
+    any width goes)."""
     from lerobot_kit.api import ConfigError, DatasetMeta, FeatureSpec
     from lerobot_kit_lerobot.configuration import CONFIG_CLASSES
-    from lerobot_kit_lerobot.modeling import LerobotPI0, LerobotPI05, LerobotSmolVLA, check_padded_widths
+    from lerobot_kit_lerobot.modeling import LerobotPI0, LerobotPI05, LerobotSmolVLA
 
-    def meta(state: int, action: int) -> DatasetMeta:
-        features = {"observation.state": FeatureSpec("float32", (state,)), "action": FeatureSpec("float32", (action,))}
+    def meta(state: int | None, action: int) -> DatasetMeta:
+        features = {"observation.images.top": FeatureSpec("image", (3, 48, 64)),
+                    "action": FeatureSpec("float32", (action,))}
+        if state is not None:
+            features["observation.state"] = FeatureSpec("float32", (state,))
         return DatasetMeta(features=features, stats={}, fps=10, num_episodes=1, num_frames=10)
 
+    policy_class = {"pi0": LerobotPI0, "pi05": LerobotPI05, "smolvla": LerobotSmolVLA}[kind]
     config = CONFIG_CLASSES[kind](max_state_dim=4, max_action_dim=6)
-    projects_state = {"pi0": LerobotPI0, "pi05": LerobotPI05, "smolvla": LerobotSmolVLA}[kind].projects_state
-    assert projects_state == (kind != "pi05")
-    check_padded_widths(config, meta(4, 6), projects_state)
-    with pytest.raises(ConfigError, match=r"^--policy.max_action_dim=6 is narrower than the dataset's 'action' "
-                                          rf"\(7 values\): LeRobot's {kind} zero-pads"):
-        check_padded_widths(config, meta(4, 7), projects_state)
-    if projects_state:
-        with pytest.raises(ConfigError, match=r"^--policy.max_state_dim=4 is narrower .* set --policy.max_state_dim=5"):
-            check_padded_widths(config, meta(5, 6), projects_state)
+    policy_class.check_dataset(config, meta(4, 6))
+    with pytest.raises(ConfigError, match=rf"^policy.type=lerobot_{kind} cannot use this dataset .*: LeRobot's "
+                                          rf"{kind} reads the robot's state \('observation.state'\) in every step"):
+        policy_class.check_dataset(config, meta(None, 6))
+    with pytest.raises(ConfigError, match=rf"^--policy.max_action_dim=6 is narrower than the dataset's 'action' "
+                                          rf"\(7 values\): LeRobot's {kind} zero-pads it .* max_action_dim=7 or more$"):
+        policy_class.check_dataset(config, meta(4, 7))
+    if kind == "pi05":
+        policy_class.check_dataset(config, meta(50, 6))
     else:
-        check_padded_widths(config, meta(50, 6), projects_state)
+        with pytest.raises(ConfigError, match=r"^--policy.max_state_dim=4 is narrower .* set --policy.max_state_dim=5"):
+            policy_class.check_dataset(config, meta(5, 6))
 
 
 @pytest.mark.parametrize(("kind", "graphs"), [("pi0", 1), ("pi05", 1), ("smolvla", 2)])

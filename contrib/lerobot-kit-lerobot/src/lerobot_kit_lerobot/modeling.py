@@ -73,7 +73,8 @@ class LerobotPolicy(Policy):
             self.add_module(name, child)
         object.__setattr__(self, "lerobot", lerobot_policy)  # unregistered: see the module doc
 
-    def check_dataset(self, config: LerobotPolicyConfig, meta: DatasetMeta) -> None:
+    @classmethod
+    def check_dataset(cls, config: LerobotPolicyConfig, meta: DatasetMeta) -> None:
         """Refuse, before LeRobot's constructor runs, a dataset LeRobot's policy would fail on
         in its first step with an error that does not name the dataset. Every type bridged here
         reads the robot's state (LeRobot 0.6.1's ACT too, though its docs call the state
@@ -81,7 +82,7 @@ class LerobotPolicy(Policy):
         if "observation.state" not in meta.features:
             raise ConfigError(
                 f"policy.type={config.type} cannot use this dataset (features {sorted(meta.features)}): LeRobot's "
-                f"{self.lerobot_type} reads the robot's state ('observation.state') in every step, and the dataset "
+                f"{cls.lerobot_type} reads the robot's state ('observation.state') in every step, and the dataset "
                 "has none; train it on a dataset that records the state"
             )
 
@@ -236,17 +237,18 @@ class LerobotVLA(LerobotPolicy):
         self.draws = PerSampleDraws(self.lerobot.model, seed=torch.initial_seed())
         self.tokens_checked = False
 
-    def check_dataset(self, config: LerobotPolicyConfig, meta: DatasetMeta) -> None:
+    @classmethod
+    def check_dataset(cls, config: LerobotPolicyConfig, meta: DatasetMeta) -> None:
         """Also a camera (else LeRobot's "All image features are missing"), and vectors no
         wider than LeRobot pads them to."""
         if not meta.image_keys():
             raise ConfigError(
                 f"policy.type={config.type} cannot use this dataset (features {sorted(meta.features)}): LeRobot's "
-                f"{self.lerobot_type} reads at least one camera image in every step, and the dataset has no image "
+                f"{cls.lerobot_type} reads at least one camera image in every step, and the dataset has no image "
                 "or video feature; train it on a dataset recorded with a camera"
             )
         super().check_dataset(config, meta)
-        check_padded_widths(config, meta, self.projects_state)
+        check_padded_widths(config, meta, cls.projects_state)
 
     def install_joint(self) -> None:
         raise NotImplementedError
@@ -257,15 +259,19 @@ class LerobotVLA(LerobotPolicy):
 
     # The flag naming the hub files LeRobot loads for this policy (a local folder works offline).
     files_flag: ClassVar[str]
-    files_needed: ClassVar[str]
+
+    @classmethod
+    def files_needed(cls, config: LerobotPolicyConfig) -> str:
+        """What LeRobot loads from the ``files_flag`` folder with this config, for the error naming it."""
+        raise NotImplementedError
 
     def build_lerobot(self) -> PreTrainedPolicy:
-        with files_from(self.config, self.files_flag, self.files_needed):
+        with files_from(self.config, self.files_flag, self.files_needed(self.config)):
             return super().build_lerobot()
 
     @classmethod
     def make_processors(cls, config: LerobotPolicyConfig, meta: DatasetMeta) -> tuple[PolicyProcessor, PolicyProcessor]:
-        with files_from(config, cls.files_flag, cls.files_needed):
+        with files_from(config, cls.files_flag, cls.files_needed(config)):
             return super().make_processors(config, meta)
 
     def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
@@ -332,7 +338,6 @@ class LerobotPi(LerobotVLA):
     """π0 and π0.5: PaliGemma (SigLIP + Gemma) and a Gemma action expert."""
 
     files_flag = "tokenizer_name"
-    files_needed = "PaliGemma's tokenizer (tokenizer.json, tokenizer_config.json)"
 
     _fsdp_wrap_modules = ["SiglipEncoderLayer"]
     # LeRobot's own default (PI0Policy/PI05Policy._get_default_peft_targets): the expert's
@@ -341,6 +346,10 @@ class LerobotPi(LerobotVLA):
         r"(.*\.gemma_expert\..*\.self_attn\.(q|v)_proj|model\.(state_proj|action_in_proj|action_out_proj|"
         r"action_time_mlp_in|action_time_mlp_out))"
     )
+
+    @classmethod
+    def files_needed(cls, config: LerobotPolicyConfig) -> str:
+        return "PaliGemma's tokenizer (tokenizer.json, tokenizer_config.json)"
 
     def construction(self) -> contextlib.AbstractContextManager[None]:
         return pi_sizes(self.lerobot_type, self.config.sizes)  # type: ignore[attr-defined]
@@ -397,13 +406,19 @@ class LerobotSmolVLA(LerobotVLA):
 
     lerobot_type = "smolvla"
     files_flag = "vlm_model_name"
-    files_needed = "its VLM's config and processor (config.json, processor and tokenizer files)"
     _fsdp_wrap_modules = ["SmolVLMEncoderLayer"]
     # LeRobot's own default (SmolVLAPolicy._get_default_peft_targets).
     default_peft_targets = (
         r"(model\.vlm_with_expert\.lm_expert\..*\.(q|v)_proj|model\.(state_proj|action_in_proj|action_out_proj|"
         r"action_time_mlp_in|action_time_mlp_out))"
     )
+
+    @classmethod
+    def files_needed(cls, config: LerobotPolicyConfig) -> str:
+        if config.load_vlm_weights:  # type: ignore[attr-defined]
+            return ("its VLM's config, processor and weights (config.json, processor and tokenizer files, "
+                    "model.safetensors: --policy.load_vlm_weights=true)")
+        return "its VLM's config and processor (config.json, processor and tokenizer files)"
 
     def construction(self) -> contextlib.AbstractContextManager[None]:
         """LeRobot's default VLM from the architecture the bridge ships (``smolvlm_shipped``):
