@@ -213,7 +213,7 @@ def test_a_dataset_the_vla_would_fail_on_in_its_first_step_is_refused(kind: str)
                                           rf"{kind} reads the robot's state \('observation.state'\) in every step"):
         policy_class.check_dataset(config, meta(None, 6))
     with pytest.raises(ConfigError, match=rf"^--policy.max_action_dim=6 is narrower than the dataset's 'action' "
-                                          rf"\(7 values\): LeRobot's {kind} zero-pads it .* max_action_dim=7 or more$"):
+                                          rf"\(7 values\): LeRobot's {kind} zero-pads .*; set --policy.max_action_dim=7 or more$"):
         policy_class.check_dataset(config, meta(4, 7))
     if kind == "pi05":
         policy_class.check_dataset(config, meta(50, 6))
