@@ -212,8 +212,9 @@ def test_a_dataset_the_vla_would_fail_on_in_its_first_step_is_refused(kind: str)
     with pytest.raises(ConfigError, match=rf"^policy.type=lerobot_{kind} cannot use this dataset .*: LeRobot's "
                                           rf"{kind} reads the robot's state \('observation.state'\) in every step"):
         policy_class.check_dataset(config, meta(None, 6))
-    with pytest.raises(ConfigError, match=rf"^--policy.max_action_dim=6 is narrower than the dataset's 'action' "
-                                          rf"\(7 values\): LeRobot's {kind} zero-pads .*; set --policy.max_action_dim=7 or more$"):
+    wide_action = (rf"^--policy.max_action_dim=6 is narrower than the dataset's 'action' \(7 values\): LeRobot's "
+                   rf"{kind} zero-pads .*; set --policy.max_action_dim=7 or more$")
+    with pytest.raises(ConfigError, match=wide_action):
         policy_class.check_dataset(config, meta(4, 7))
     if kind == "pi05":
         policy_class.check_dataset(config, meta(50, 6))
