@@ -29,7 +29,8 @@ Stable:
   draw of a frame on any layout and after a resume); for readers of their own: ``STAT_NAMES``,
   ``vector_stats`` and ``PixelStats`` (exact statistics of vectors and of uint8 frames),
   ``camera_to_float``, ``EpisodeWindows`` and ``expand_delta_indices`` (frame windows
-  within an episode, padded at its ends);
+  within an episode, padded at its ends); ``ALL_CAMERAS`` and ``ALL_OBSERVATIONS``, the
+  ``delta_indices`` keys that name every camera and every ``observation.*`` feature;
 * checkpoint formats: ``CheckpointFormat``, ``ModelWeights`` (what a format is handed:
   the model and how its weights are named), ``model_weights``, the weight writers and
   readers ``gathered_state``, ``write_weights_file``, ``write_gathered``, ``write_shards``,
@@ -77,7 +78,7 @@ from lerobot_kit.core.data.dataset import (
     pad_key,
     vector_stats,
 )
-from lerobot_kit.core.data.windows import EpisodeWindows, expand_delta_indices
+from lerobot_kit.core.data.windows import ALL_CAMERAS, ALL_OBSERVATIONS, EpisodeWindows, expand_delta_indices
 from lerobot_kit.core.distributed.launcher import DEFAULT_MASTER_PORT, LaunchEnv, Launcher, env_int
 from lerobot_kit.core.errors import CheckpointError, ConfigError, LerobotError, PluginError
 from lerobot_kit.core.eval.env import Info, Observation, VectorEnv
@@ -133,6 +134,8 @@ _LAZY: dict[str, tuple[str, str]] = {
 __all__ = [
     "ACTION_KEY",
     "ADAPTER_WEIGHTS",
+    "ALL_CAMERAS",
+    "ALL_OBSERVATIONS",
     "DCP_MODEL_DIR",
     "DEFAULT_MASTER_PORT",
     "EPOCH_KEY",

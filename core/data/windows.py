@@ -17,20 +17,29 @@ import numpy as np
 
 from lerobot_kit.core.errors import ConfigError
 
-# A delta_indices key naming every camera of the dataset: a policy config is built
-# before the dataset exists and cannot know the camera names (diffusion's image history).
+# delta_indices keys naming features by kind: a policy config is built before the dataset
+# exists and cannot know their names. ALL_CAMERAS: every camera (diffusion's image history);
+# ALL_OBSERVATIONS: every feature named observation.* (state, cameras, an environment state),
+# the features LeRobot's delta_timestamps give its policies' observation offsets.
 ALL_CAMERAS = "observation.images.*"
+ALL_OBSERVATIONS = "observation.*"
 
 
 def expand_delta_indices(
     delta_indices: dict[str, list[int]], features: dict[str, bool]
 ) -> dict[str, np.ndarray]:
-    """``delta_indices`` with ``ALL_CAMERAS`` replaced by each camera; ``features`` maps
-    every feature key to whether it is a camera. An unknown feature is a ``ConfigError``."""
-    cameras = sorted(k for k, is_camera in features.items() if is_camera)
+    """``delta_indices`` with ``ALL_CAMERAS`` replaced by each camera and ``ALL_OBSERVATIONS``
+    by each observation feature; ``features`` maps every feature key to whether it is a
+    camera. A feature named itself takes its own offsets over a wildcard's, and a camera
+    ``ALL_CAMERAS``' over ``ALL_OBSERVATIONS``'. An unknown feature is a ``ConfigError``."""
+    targets = {
+        ALL_CAMERAS: sorted(k for k, is_camera in features.items() if is_camera),
+        ALL_OBSERVATIONS: sorted(k for k in features if k.startswith("observation.")),
+    }
+    narrowest_first = {ALL_CAMERAS: 1, ALL_OBSERVATIONS: 2}  # a named feature: 0
     out: dict[str, np.ndarray] = {}
-    for key, offsets in delta_indices.items():
-        for target in cameras if key == ALL_CAMERAS else [key]:
+    for key, offsets in sorted(delta_indices.items(), key=lambda item: narrowest_first.get(item[0], 0)):
+        for target in targets.get(key, [key]):
             out.setdefault(target, np.asarray(offsets, dtype=np.int64))
     unknown = sorted(set(out) - set(features))
     if unknown:

@@ -23,6 +23,7 @@ STABLE = {
     "PluginError", "EnvConfig", "VectorEnv", "WeightShapes",
     # What the built-in plugins need beyond the above (they import nothing else):
     "STAT_NAMES", "vector_stats", "PixelStats", "camera_to_float", "EpisodeWindows", "expand_delta_indices",
+    "ALL_CAMERAS", "ALL_OBSERVATIONS",
     "DEFAULT_MASTER_PORT", "Observation", "Info", "feature_dims",
     "train",  # what `lerobot train` runs, for notebooks and sweeps (docs/parallelism.md)
     "UnitGroup",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import ACTION_DIM, TINY_DIFFUSION, copy_crashed, losses, train
+from conftest import ACTION_DIM, REPO_ID, TINY_DIFFUSION, copy_crashed, losses, make_dataset, train
 from lerobot_side import act_on, assert_same_weights, load_with_lerobot, observation, sharded_weights
 
 # Predicting the clean action trajectory (LeRobot's prediction_type=sample) makes the loss
@@ -38,3 +38,18 @@ def test_fsdp2_diffusion_learns_lerobot_loads_it_and_it_resumes_on_one_process(w
     record = json.loads((resumed / "checkpoints" / "000012" / "training_state" / "training_step.json").read_text())
     assert record["topology"]["world_size"] == 1 and record["sampler"]["samples_seen"] == 12 * 16
     load_with_lerobot(resumed / "checkpoints" / "000012" / "pretrained_model", "diffusion")
+
+
+def test_diffusion_on_pusht_layout_stacks_the_environment_state_as_lerobot_does(work: Path) -> None:
+    """LeRobot gives its observation offsets to every ``observation.*`` feature, so Diffusion
+    concatenates an environment state of ``n_obs_steps`` frames with the state's (PushT's
+    keypoints); given one frame, LeRobot's code failed on the concatenation."""
+    root = make_dataset(work / "pusht_layout", REPO_ID, episodes=2, length=12, image_hw=(48, 64), env_state_dim=6)
+    out = work / "diffusion_pusht"
+    train(work, *FLAGS, f"--output_dir={out}", "--batch_size=4", "--steps=2", root=root)
+    assert len(losses(out)) == 2
+    pretrained = out / "checkpoints" / "000002" / "pretrained_model"
+    policy, preprocessor, postprocessor = load_with_lerobot(pretrained, "diffusion")
+    assert policy.config.env_state_feature.shape == (6,)
+    action = act_on(policy, preprocessor, postprocessor, observation(root, 5))
+    assert action.shape == (1, ACTION_DIM) and action.isfinite().all()

@@ -19,9 +19,10 @@ TASKS = ("reach the target", "reach the target slowly")
 
 
 def make_dataset(root: Path, repo_id: str, *, episodes: int, length: int, image_hw: tuple[int, int] | None,
-                 fps: int = 10, record_state: bool = True) -> Path:
+                 fps: int = 10, record_state: bool = True, env_state_dim: int = 0) -> Path:
     """The dataset; ``image_hw=None`` leaves the camera out (a dataset the VLAs must refuse),
-    ``record_state=False`` the state (one every bridged policy must refuse)."""
+    ``record_state=False`` the state (one every bridged policy must refuse); ``env_state_dim``
+    adds an ``observation.environment_state`` of that width (PushT's layout: its keypoints)."""
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     features = {
@@ -30,6 +31,8 @@ def make_dataset(root: Path, repo_id: str, *, episodes: int, length: int, image_
     }
     if not record_state:
         del features["observation.state"]
+    if env_state_dim:
+        features["observation.environment_state"] = {"dtype": "float32", "shape": (env_state_dim,), "names": None}
     if image_hw is not None:
         features["observation.images.top"] = {
             "dtype": "video", "shape": (*image_hw, 3), "names": ["height", "width", "channels"],
@@ -45,6 +48,8 @@ def make_dataset(root: Path, repo_id: str, *, episodes: int, length: int, image_
             frame = {"observation.state": state, "action": action, "task": TASKS[episode % len(TASKS)]}
             if not record_state:
                 del frame["observation.state"]
+            if env_state_dim:
+                frame["observation.environment_state"] = np.resize(state, env_state_dim)
             shade = rng.integers(0, 255)
             if image_hw is not None:
                 image = np.full((*image_hw, 3), int(40 + 170 * brightness), dtype=np.uint8)

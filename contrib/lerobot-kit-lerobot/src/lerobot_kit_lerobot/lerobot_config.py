@@ -17,14 +17,10 @@ from lerobot.configs.policies import PreTrainedConfig
 from lerobot.policies import ACTConfig  # noqa: F401 - importing it registers every LeRobot policy type
 from lerobot.utils.feature_utils import dataset_to_policy_features
 
-from lerobot_kit.api import ACTION_KEY, IMAGE_PREFIX, STATE_KEY, ConfigError, DatasetMeta
+from lerobot_kit.api import ACTION_KEY, ALL_OBSERVATIONS, ConfigError, DatasetMeta
 
 if TYPE_CHECKING:
     from lerobot_kit_lerobot.configuration import LerobotPolicyConfig
-
-# A delta_indices key that lerobot-kit's readers expand to every camera of the dataset.
-ALL_CAMERAS = IMAGE_PREFIX + "*"
-
 
 def to_lerobot_config(config: LerobotPolicyConfig, meta: DatasetMeta | None = None) -> PreTrainedConfig:
     """LeRobot's config for ``config``; with ``meta``, its input and output features too.
@@ -77,15 +73,14 @@ def lerobot_features(meta: DatasetMeta) -> dict[str, dict[str, Any]]:
 
 def delta_indices(config: LerobotPolicyConfig) -> dict[str, list[int]]:
     """The frame offsets LeRobot's ``delta_timestamps`` would load, as lerobot-kit's
-    ``delta_indices``: LeRobot applies the observation offsets to the state and every camera."""
+    ``delta_indices``: LeRobot applies the observation offsets to every feature named
+    ``observation.*`` (the state, every camera, an environment state)."""
     lerobot_config = to_lerobot_config(config)
     offsets: dict[str, list[int]] = {}
     if lerobot_config.action_delta_indices is not None:
         offsets[ACTION_KEY] = list(lerobot_config.action_delta_indices)
     if lerobot_config.observation_delta_indices is not None:
-        observation = list(lerobot_config.observation_delta_indices)
-        offsets[STATE_KEY] = observation
-        offsets[ALL_CAMERAS] = observation
+        offsets[ALL_OBSERVATIONS] = list(lerobot_config.observation_delta_indices)
     if lerobot_config.reward_delta_indices is not None:
         raise ConfigError(
             f"policy.type={config.type} learns from rewards (reinforcement learning), which lerobot-kit's "
