@@ -74,3 +74,20 @@ def test_fsdp2_resumed_on_one_process_continues_the_run_exactly(work: Path, data
     assert state.keys() == final.keys()
     for key, tensor in final.items():
         torch.testing.assert_close(state[key], tensor, rtol=1e-4, atol=1e-6, msg=key)
+
+
+def test_a_dataset_without_the_robots_state_is_refused_before_building() -> None:
+    """LeRobot 0.6.1's ACT reads the state even where its docs call it optional: a KeyError
+    in the first step (the VLAs' refusals: test_vla_joint.py; the line reaching the console
+    is the path every ConfigError takes, tested in test_install.py)."""
+    from lerobot_kit.api import ConfigError, DatasetMeta, FeatureSpec
+    from lerobot_kit_lerobot.configuration import CONFIG_CLASSES
+    from lerobot_kit_lerobot.modeling import LerobotACT
+
+    features = {"observation.images.top": FeatureSpec("image", (3, 48, 64)), "action": FeatureSpec("float32", (3,))}
+    meta = DatasetMeta(features=features, stats={}, fps=10, num_episodes=1, num_frames=10)
+    with pytest.raises(ConfigError, match=r"^policy.type=lerobot_act cannot use this dataset \(features \['action', "
+                                          r"'observation.images.top'\]\): LeRobot's act reads the robot's state "
+                                          r"\('observation.state'\) in every step, and the dataset has none; train it "
+                                          r"on a dataset that records the state$"):
+        LerobotACT.check_dataset(CONFIG_CLASSES["act"](), meta)

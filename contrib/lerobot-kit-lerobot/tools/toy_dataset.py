@@ -19,18 +19,15 @@ TASKS = ("reach the target", "reach the target slowly")
 
 
 def make_dataset(root: Path, repo_id: str, *, episodes: int, length: int, image_hw: tuple[int, int] | None,
-                 fps: int = 10, record_state: bool = True, env_state_dim: int = 0) -> Path:
-    """The dataset; ``image_hw=None`` leaves the camera out (a dataset the VLAs must refuse),
-    ``record_state=False`` the state (one every bridged policy must refuse); ``env_state_dim``
-    adds an ``observation.environment_state`` of that width (PushT's layout: its keypoints)."""
+                 fps: int = 10, env_state_dim: int = 0) -> Path:
+    """The dataset; ``image_hw=None`` leaves the camera out (a dataset the VLAs must refuse);
+    ``env_state_dim`` adds an ``observation.environment_state`` of that width (PushT's layout: its keypoints)."""
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     features = {
         "observation.state": {"dtype": "float32", "shape": (STATE_DIM,), "names": ["x", "y", "z"]},
         "action": {"dtype": "float32", "shape": (ACTION_DIM,), "names": ["dx", "dy", "dz"]},
     }
-    if not record_state:
-        del features["observation.state"]
     if env_state_dim:
         features["observation.environment_state"] = {"dtype": "float32", "shape": (env_state_dim,), "names": None}
     if image_hw is not None:
@@ -46,8 +43,6 @@ def make_dataset(root: Path, repo_id: str, *, episodes: int, length: int, image_
             brightness = (state[0] + 1) / 2
             action = (state @ mix + brightness).astype(np.float32)
             frame = {"observation.state": state, "action": action, "task": TASKS[episode % len(TASKS)]}
-            if not record_state:
-                del frame["observation.state"]
             if env_state_dim:
                 frame["observation.environment_state"] = np.resize(state, env_state_dim)
             shade = rng.integers(0, 255)
