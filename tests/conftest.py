@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-import getpass
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-pytest_plugins = ("cpu_times",)
+pytest_plugins = ("cpu_times", "pytest_temp_dir")
 
 if TYPE_CHECKING:
     from torch import nn
@@ -61,20 +59,6 @@ def tmpfs(mount: Path, options: str) -> Iterator[Path]:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=True)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def temp_files_in_pytest_folder(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The temporary files of the tests and of every process they start go to pytest's own
-    folder, which pytest prunes: each torchrun leaves a log folder in the temp dir, hundreds per
-    suite run. torch.compile's cache (kernels, precompiled headers: 150 MB) stays where it is,
-    linked in, so compiled code is reused between runs and not copied per test worker."""
-    inductor_cache = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
-    inductor_cache.mkdir(exist_ok=True)
-    temp_dir = tmp_path_factory.mktemp("tmp")
-    (temp_dir / inductor_cache.name).symlink_to(inductor_cache)
-    os.environ["TMPDIR"] = str(temp_dir)
-    tempfile.tempdir = None
 
 
 @pytest.fixture

@@ -7,20 +7,21 @@ Everything runs offline: the dataset is generated, backbones start from random w
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+# The main suite's helpers, after this suite's own modules (its conftest must win).
+sys.path.append(str(Path(__file__).resolve().parents[3] / "tests"))
 from toy_dataset import ACTION_DIM, make_dataset  # noqa: E402 - tools/ is not a package
 from vla_assets import PI_SIZES, REDUCED_PI, REDUCED_SMOLVLA, write_smolvlm, write_tokenizer  # noqa: E402
+from pytest_temp_dir import temp_files_in_pytest_folder  # noqa: E402, F401 - a session fixture, used by its name
 
 BIN = Path(sys.executable).parent
 REPO_ID = "bridge/reach"
@@ -86,19 +87,6 @@ def inspected(path: Path, tmp: Path) -> dict:
 def losses(output_dir: Path) -> list[float]:
     lines = (output_dir / "logs" / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line)["loss"] for line in lines]
-
-
-@pytest.fixture(scope="session", autouse=True)
-def temp_files_in_pytest_folder(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Temporary files go to pytest's folder, which pytest prunes: LeRobot's config loading
-    leaves a JSON file in the temp dir at each call and torchrun a log folder at each launch.
-    torch.compile's cache stays where it is, linked in, so compiled code is reused."""
-    inductor_cache = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
-    inductor_cache.mkdir(exist_ok=True)
-    temp_dir = tmp_path_factory.mktemp("tmp")
-    (temp_dir / inductor_cache.name).symlink_to(inductor_cache)
-    os.environ["TMPDIR"] = str(temp_dir)
-    tempfile.tempdir = None
 
 
 @pytest.fixture(scope="session")
