@@ -30,12 +30,21 @@ ACTION_KEY = "action"
 # one draw of a frame on any number of ranks and after a resume, for randomness keyed by it.
 INDEX_KEY = "index"
 EPOCH_KEY = "epoch"
+# Which member of a mixture a sample comes from (int64, the position in ``member_names()``):
+# per-member metrics group samples by it. Items of a single dataset do not carry it.
+MEMBER_KEY = "member"
 STAT_NAMES = ("mean", "std", "min", "max")
 
 
 def pad_key(feature: str) -> str:
     """Name of the bool mask flagging frames of ``feature`` that were padded."""
     return f"{feature}_is_pad"
+
+
+def missing_key(camera: str) -> str:
+    """Name of the bool flag marking a mixture sample whose member has no such camera: its
+    frame is a black placeholder that a policy accepting missing cameras masks out."""
+    return f"{camera}_is_missing"
 
 
 def camera_to_float(frames: torch.Tensor) -> torch.Tensor:
@@ -206,6 +215,21 @@ class PolicyDataset:
 
     def episode_lengths(self) -> np.ndarray:
         raise NotImplementedError
+
+    def member_names(self) -> list[str]:
+        """Names of a mixture's members, indexed by the ``MEMBER_KEY`` of its items; empty for
+        a single dataset."""
+        return []
+
+    def member_frames(self) -> np.ndarray | None:
+        """Frames per member, members laid end to end in the index space (member ``m`` holds
+        indices ``sum(frames[:m]) ..``); None for a single dataset."""
+        return None
+
+    def member_shares(self) -> np.ndarray | None:
+        """The fraction of the samples each member should get (sums to 1); None for a single
+        dataset, which is sampled uniformly."""
+        return None
 
 
 class InMemoryDataset(PolicyDataset):

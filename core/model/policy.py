@@ -25,6 +25,12 @@ from lerobot_kit.core.layout.paths import POLICY_CONFIG, POSTPROCESSOR, PREPROCE
 from lerobot_kit.core.model.processor import PolicyProcessor
 
 
+# An optional entry of the metrics ``forward`` returns: the loss of each sample of the batch
+# ([B], detached or not), from which a mixture's run logs each member's mean loss. Never
+# logged itself.
+PER_SAMPLE_LOSS = "per_sample_loss"
+
+
 class Policy(nn.Module):
     """Base of every policy.
 
@@ -35,6 +41,13 @@ class Policy(nn.Module):
     """
 
     config_class: ClassVar[type[PolicyConfig]]
+    # Whether the policy takes batches in which some samples lack a camera (a mixture member
+    # without it): their frame is a black placeholder flagged by ``missing_key(camera)``,
+    # which the policy must mask out. Policies that do not declare it are refused such data.
+    accepts_missing_cameras: ClassVar[bool] = False
+    # Whether the policy zero-pads the state and action vectors to a width of its own, so
+    # mixture members of different widths (zero-padded to the widest) can share it.
+    pads_vectors: ClassVar[bool] = False
     _fsdp_wrap_modules: ClassVar[list[str] | None] = None
     default_peft_targets: ClassVar[list[str] | str | None] = None
     # Set by action-chunking policies that use ``_next_from_queue``: deque(maxlen=n_action_steps).

@@ -27,11 +27,13 @@ STABLE = {
     "DEFAULT_MASTER_PORT", "Observation", "Info", "feature_dims",
     "train",  # what `lerobot train` runs, for notebooks and sweeps (docs/parallelism.md)
     "UnitGroup",
+    # Mixtures: the member of a sample, a missing camera's flag, a policy's per-sample losses.
+    "MEMBER_KEY", "missing_key", "PER_SAMPLE_LOSS",
 }
 
 LAZY = {"Policy", "PolicyProcessor", "CheckpointFormat", "write_gathered", "write_shards", "load_any_weights", "read_safetensors",
         "is_peft_model", "ModelWeights", "model_weights", "gathered_state", "write_weights_file",
-        "load_state", "feature_dims", "train"}
+        "load_state", "feature_dims", "train", "PER_SAMPLE_LOSS"}
 TORCH_FREE = f"""
 import sys
 from lerobot_kit.api import {", ".join(sorted(STABLE - LAZY))}
