@@ -4,7 +4,9 @@ Random access into video costs a seek and the frames from the key frame on; read
 run of consecutive frames costs one seek for the whole run. So each epoch:
 
 1. Episodes are cut into blocks of ``block_size`` consecutive frames (never across an
-   episode's end), and the blocks are shuffled by ``(seed, epoch)``.
+   episode's end), and the blocks are shuffled by ``(seed, epoch)``. For a dataset
+   mixture, each member's blocks are drawn until they hold its share of the epoch's
+   frames (``core.data.member_quota``) before the shuffle, so a block may come twice.
 2. The shuffled blocks, laid end to end, are split into one equal share per
    data-parallel rank (``steps per epoch × batch_size`` frames, as uniform sampling
    uses; the remainder waits for the next epoch's shuffle).
@@ -33,13 +35,16 @@ from typing import Iterator
 
 import numpy as np
 
+from lerobot_kit.core.data.member_quota import MemberQuota
+
 
 @dataclass(frozen=True)
 class EpochPlan:
     """One rank's epoch: the frames it streams (``inputs``) and the buffer's output order.
 
     ``outputs[j]`` is the position in ``inputs`` of the ``j``-th sample the rank trains on;
-    ``block_of[p]`` is the block that input position ``p`` came from.
+    ``block_of[p]`` is the run of the epoch's block order that input position ``p`` came
+    from (a block a mixture draws twice is two runs, decoded as two tasks).
     """
 
     inputs: np.ndarray
@@ -67,8 +72,12 @@ class BlockPlan:
         dp_world_size: int,
         dp_rank: int,
         seed: int,
+        members: MemberQuota | None = None,
     ) -> None:
         starts = np.concatenate([[0], np.cumsum(episode_lengths)[:-1]]).astype(np.int64)
+        assert members is None or (
+            np.sum(members.frames) == np.sum(episode_lengths) and np.isin(members.starts, starts).all()
+        ), "members are whole episodes, laid end to end"
         blocks = [
             (start + lo, start + min(lo + block_size, length))
             for start, length in zip(starts.tolist(), np.asarray(episode_lengths).tolist())
@@ -80,11 +89,16 @@ class BlockPlan:
         self.buffer_size = buffer_size
         self.dp_rank = dp_rank
         self.seed = seed
+        self.members = members
 
     def epoch(self, epoch: int) -> EpochPlan:
-        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.blocks))
+        rng = np.random.default_rng([self.seed, epoch])
+        if self.members is None:
+            order = rng.permutation(len(self.blocks))
+        else:
+            order = self.members.epoch_blocks(self.blocks, rng)
         lengths = self.blocks[order, 1] - self.blocks[order, 0]
-        block_of = np.repeat(order, lengths)
+        block_of = np.repeat(np.arange(len(order)), lengths)
         frames = np.concatenate([np.arange(*self.blocks[b]) for b in order])
         lo = self.dp_rank * self.share
         inputs, block_of = frames[lo : lo + self.share], block_of[lo : lo + self.share]

@@ -6,6 +6,8 @@ and the benchmarks call it):
 - Order: the sampler's (``core.data.sampler``), a pure function of ``(seed, epoch)``,
   sliced per data-parallel rank; ``--dataset.sampler.type=episode_blocks`` decodes runs
   of consecutive frames and mixes them through a bounded buffer (``core.data.blocks``).
+  Either gives each member of a dataset mixture its share of the samples
+  (``core.data.member_quota``).
 - Workers: ``--num_workers`` (default: automatic, ``cpus per rank - 1``, at most
   ``MAX_AUTO_WORKERS``, so 0 on one core; 0 for a dataset held in memory, whose items
   cost less than a batch's trip between processes), persistent, ``PREFETCH_BATCHES`` batches
@@ -44,6 +46,7 @@ from torch.utils.data import DataLoader, default_collate
 from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.data.blocks import BlockPlan, EpochPlan, epoch_starts
 from lerobot_kit.core.data.dataset import EPOCH_KEY, PolicyDataset, camera_to_float
+from lerobot_kit.core.data.member_quota import MemberQuota
 from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
 from lerobot_kit.core.errors import ConfigError, LerobotError
 
@@ -327,8 +330,9 @@ def build_loader(
     workers = config.num_workers
     if workers is None:
         workers = auto_num_workers(dp_world_size) if dataset.reads_on_demand else 0
+    members = MemberQuota.of(dataset)
     sampler = ResumableBatchSampler(
-        len(dataset), config.batch_size, dp_world_size, dp_rank, config.seed, start=start
+        len(dataset), config.batch_size, dp_world_size, dp_rank, config.seed, start=start, members=members
     )
     timeout = float(config.parallelism.timeout_s)
     pin = device.type == "cuda"
@@ -337,7 +341,7 @@ def build_loader(
     if config.dataset.sampler.type == "episode_blocks":
         plan = BlockPlan(
             dataset.episode_lengths(), config.dataset.sampler.block_size, config.dataset.sampler.buffer_size,
-            config.batch_size, dp_world_size, dp_rank, config.seed,
+            config.batch_size, dp_world_size, dp_rank, config.seed, members,
         )
         blocks = batch_sampler = _BlockTasks(plan, start, sampler.global_batch, config.batch_size)
     options: dict[str, Any] = {}

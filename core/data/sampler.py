@@ -1,6 +1,7 @@
 """Data order that can be resumed exactly, on any number of data-parallel workers.
 
-The order of an epoch is a pure function of ``(seed, epoch)``; a position is
+The order of an epoch is a pure function of ``(seed, epoch)`` (and, for a dataset mixture,
+of its members' frames and shares: ``core.data.member_quota``); a position is
 ``(epoch, offset)`` in samples of that epoch. Each loop step takes one global batch of
 ``batch_size × dp_world_size`` consecutive samples of the permutation and gives worker
 ``r`` the ``r``-th slice of it, so the position after ``k`` steps is plain arithmetic
@@ -12,8 +13,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Iterator
 
+import numpy as np
 import torch
 from torch.utils.data import Sampler
+
+from lerobot_kit.core.data.member_quota import MemberQuota
 
 
 @dataclass(frozen=True)
@@ -26,7 +30,13 @@ class DataPosition:
         return asdict(self)
 
 
-def epoch_permutation(num_samples: int, seed: int, epoch: int, shuffle: bool) -> torch.Tensor:
+def epoch_permutation(
+    num_samples: int, seed: int, epoch: int, shuffle: bool, members: MemberQuota | None = None
+) -> torch.Tensor:
+    """The frame indices of an epoch in training order: a permutation, or for a mixture each
+    member's quota of its frames, shuffled together."""
+    if members is not None:
+        return torch.from_numpy(members.epoch_samples(np.random.default_rng([seed, epoch]) if shuffle else None))
     if not shuffle:
         return torch.arange(num_samples)
     generator = torch.Generator()
@@ -46,7 +56,9 @@ class ResumableBatchSampler(Sampler[list[int]]):
         seed: int,
         start: DataPosition = DataPosition(),
         shuffle: bool = True,
+        members: MemberQuota | None = None,
     ) -> None:
+        assert members is None or int(np.sum(members.frames)) == num_samples, "members cover the dataset"
         self.num_samples = num_samples
         self.batch_size = batch_size
         self.dp_world_size = dp_world_size
@@ -54,6 +66,7 @@ class ResumableBatchSampler(Sampler[list[int]]):
         self.seed = seed
         self.start = start
         self.shuffle = shuffle
+        self.members = members
         self.global_batch = batch_size * dp_world_size
         if num_samples < self.global_batch:
             from lerobot_kit.core.errors import ConfigError
@@ -76,7 +89,7 @@ class ResumableBatchSampler(Sampler[list[int]]):
         """This worker's batches from ``start`` on, each with the epoch it belongs to."""
         epoch, offset = self.start.epoch, self.start.offset
         while True:
-            order = epoch_permutation(self.num_samples, self.seed, epoch, self.shuffle)
+            order = epoch_permutation(self.num_samples, self.seed, epoch, self.shuffle, self.members)
             while offset + self.global_batch <= self.num_samples:
                 first = offset + self.dp_rank * self.batch_size
                 yield epoch, order[first : first + self.batch_size].tolist()
