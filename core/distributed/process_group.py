@@ -208,6 +208,14 @@ def all_reduce_sum(ctx: DistContext, values: dict[str, float]) -> dict[str, floa
     return _all_reduce(ctx, values, mean=False)
 
 
+def all_reduce_sum_tensor(ctx: DistContext, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` (on ``ctx.device``) summed element-wise over ranks, in place: one
+    collective for any number of values (a mixture's per-member sums)."""
+    if ctx.distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
 def all_gather_objects(ctx: DistContext, obj: T, group: Any = None) -> list[T]:
     """Every rank's ``obj``, in rank order, on every rank (small picklable values); over
     ``group`` (spanning every rank) when given, else the default group."""

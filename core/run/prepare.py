@@ -124,6 +124,7 @@ class PreparedRun:
     start_step: int
     position: DataPosition
     dataset_len: int
+    member_names: list[str]  # a mixture's members, else empty (``PolicyDataset.member_names``)
 
 
 def prepare_run(config: TrainConfig, ctx: DistContext, spec: RunSpec | None = None) -> PreparedRun:
@@ -154,7 +155,7 @@ def prepare_run(config: TrainConfig, ctx: DistContext, spec: RunSpec | None = No
         # Dropout differs per rank; weights (seeded above) and data order do not depend on it.
         torch.manual_seed(config.seed + ctx.rank)
     loader = build_loader(dataset, config, dims.dp_world_size, dims.dp_rank(ctx.rank), position, ctx.device)
-    return PreparedRun(run, loader, loader.sampler, start_step, position, len(dataset))
+    return PreparedRun(run, loader, loader.sampler, start_step, position, len(dataset), dataset.member_names())
 
 
 def _train(config: TrainConfig, ctx: DistContext, lock: OutputLock) -> TrainResult:
@@ -179,7 +180,8 @@ def _train(config: TrainConfig, ctx: DistContext, lock: OutputLock) -> TrainResu
     hooks = evaluation_hooks(run)
     barrier(ctx)
     trainer = Trainer(
-        run, iter(prepared.loader), prepared.sampler, prepared.start_step, prepared.position, tracker, hooks
+        run, iter(prepared.loader), prepared.sampler, prepared.start_step, prepared.position, tracker, hooks,
+        prepared.member_names,
     )
     try:
         result = trainer.fit()

@@ -22,10 +22,11 @@ from lerobot_kit.core.checkpoint.saver import CheckpointSaver, SaveSettings
 from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
 from lerobot_kit.core.distributed.process_group import all_reduce_mean
 from lerobot_kit.core.model.peft import unwrapped_policy
-from lerobot_kit.core.model.policy import Policy
+from lerobot_kit.core.model.policy import PER_SAMPLE_LOSS, Policy
 from lerobot_kit.core.parallel.precision import autocast_dtype
 from lerobot_kit.core.run.components import RunComponents
 from lerobot_kit.core.run.guards import LOOP_ERRORS, RunGuards
+from lerobot_kit.core.run.member_metrics import MemberMetrics
 from lerobot_kit.core.run.metrics_log import append_row, drop_rows_after
 from lerobot_kit.core.run.nonfinite import NonFiniteError, NonFiniteGuard, weights_finite
 from lerobot_kit.core.run.progress import Progress
@@ -54,6 +55,7 @@ class Trainer:
         position: DataPosition,
         tracker: Tracker,
         step_hooks: Sequence[Callable[[int], dict[str, float] | None]] = (),
+        member_names: Sequence[str] = (),
     ) -> None:
         self.run = run
         self.tracker = tracker
@@ -78,6 +80,8 @@ class Trainer:
         # hook decides whether the step is its own (evaluation: core.run.evaluation) and may
         # return a metrics row, which the main process logs like its own.
         self.step_hooks = list(step_hooks)
+        # A mixture's members (``dataset.member_names()``): their samples and losses per log window.
+        self.members = MemberMetrics(member_names, run.ctx.device)
 
     def _is_sync_step(self, step: int) -> bool:
         """Last micro-batch of an accumulation window, or the very last step of the run."""
@@ -102,6 +106,8 @@ class Trainer:
         with contextlib.nullcontext() if sync else parallel.no_sync():
             with self._autocast():
                 loss, logs = parallel.module(batch)
+            logs = dict(logs)
+            self.members.add(batch, logs.pop(PER_SAMPLE_LOSS, None))  # per member, never a plain metric
             weight = self.policy.loss_weight(batch)
             if weight is not None:
                 loss = parallel.balance_loss(loss, weight)
@@ -174,6 +180,7 @@ class Trainer:
                 if applied:  # a skipped update's metrics (non-finite) stay out of the log
                     _add(window, update)
                     metric_steps += update_steps
+                self.members.end_update(applied)
                 update, update_steps = {}, 0
             if is_log_step:
                 local = {k: v.item() / metric_steps for k, v in window.items()}
@@ -187,6 +194,7 @@ class Trainer:
                     means["grad_norm"] = grad_norm
                 means["skipped_steps"] = self.nonfinite.skipped - skipped_before
                 means["step"] = self.step
+                means.update(self.members.window_row(run.ctx))  # collective; metrics.jsonl and tracker only
                 result.logged.append(means)
                 if run.ctx.is_main:
                     progress.clear()

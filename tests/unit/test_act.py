@@ -13,7 +13,7 @@ from torch import nn
 from conftest import assert_meta_build_equals_cpu_build
 from lerobot_kit.core.config.schema import PolicyConfig
 from lerobot_kit.core.errors import ConfigError
-from lerobot_kit.core.model.policy import make_policy
+from lerobot_kit.core.model.policy import PER_SAMPLE_LOSS, make_policy
 from lerobot_kit.core.model.processor import make_processors
 from lerobot_kit.plugins.datasets.reach.plugin import ReachDatasetConfig
 from lerobot_kit.plugins.datasets.reach.data import make_reach_dataset
@@ -43,7 +43,8 @@ def test_forward_backward_reaches_every_parameter(image: bool, use_vae: bool, pr
     assert isinstance(policy, ACTPolicy) and hasattr(policy, "backbone") == image
     loss, metrics = policy(batch)
     assert loss.shape == () and torch.isfinite(loss)
-    assert set(metrics) == {"l1_loss", "kld_loss"} and not any(m.requires_grad for m in metrics.values())
+    assert set(metrics) == {"l1_loss", "kld_loss", PER_SAMPLE_LOSS}
+    assert not any(m.requires_grad for m in metrics.values())
     assert (metrics["kld_loss"] > 0) == use_vae
     expected = metrics["l1_loss"] + config.kl_weight * metrics["kld_loss"]
     torch.testing.assert_close(loss.detach(), expected)

@@ -25,7 +25,16 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from lerobot_kit.api import ACTION_KEY, STATE_KEY, ConfigError, DatasetMeta, Policy, feature_dims, pad_key
+from lerobot_kit.api import (
+    ACTION_KEY,
+    PER_SAMPLE_LOSS,
+    STATE_KEY,
+    ConfigError,
+    DatasetMeta,
+    Policy,
+    feature_dims,
+    pad_key,
+)
 from lerobot_kit.plugins.policies.act.configuration import ACTConfig
 from lerobot_kit.plugins.policies.attention import MultiHeadAttention
 
@@ -251,14 +260,18 @@ class ACTPolicy(Policy):
             # whole batch, whatever the padding on each worker, with no loss_weight needed.
             error = error * (~batch[ACTION_PAD_KEY]).unsqueeze(-1).to(error.dtype)
         l1 = error.mean()
+        # Each sample's loss, the same terms over its own entries: their mean is the loss.
+        per_sample = error.flatten(1).mean(1)
         if mu is None:
             kld = torch.zeros((), device=l1.device)
             loss = l1
         else:
             mu, log_sigma_x2 = mu.float(), log_sigma_x2.float()
-            kld = (-0.5 * (1 + log_sigma_x2 - mu.pow(2) - log_sigma_x2.exp())).sum(-1).mean()
+            kld_per_sample = (-0.5 * (1 + log_sigma_x2 - mu.pow(2) - log_sigma_x2.exp())).sum(-1)
+            kld = kld_per_sample.mean()
             loss = l1 + self.config.kl_weight * kld
-        return loss, {"l1_loss": l1.detach(), "kld_loss": kld.detach()}
+            per_sample = per_sample + self.config.kl_weight * kld_per_sample
+        return loss, {"l1_loss": l1.detach(), "kld_loss": kld.detach(), PER_SAMPLE_LOSS: per_sample.detach()}
 
     @torch.no_grad()
     def predict_action_chunk(self, batch: dict[str, Tensor]) -> Tensor:

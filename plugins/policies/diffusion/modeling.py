@@ -27,7 +27,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lerobot_kit.api import ACTION_KEY, STATE_KEY, ConfigError, DatasetMeta, Policy, feature_dims, pad_key
+from lerobot_kit.api import (
+    ACTION_KEY,
+    PER_SAMPLE_LOSS,
+    STATE_KEY,
+    ConfigError,
+    DatasetMeta,
+    Policy,
+    feature_dims,
+    pad_key,
+)
 from lerobot_kit.plugins.policies.attention import MultiHeadAttention
 from lerobot_kit.plugins.policies.diffusion.configuration import DiffusionConfig
 
@@ -243,12 +252,17 @@ class DiffusionPolicy(Policy):
         noisy = self.schedule.add_noise(clean, noise, timesteps)
         target = noise if self.config.prediction_type == "epsilon" else clean
         error = (self._denoise(noisy, timesteps, observations).float() - target).pow(2)
+        # Each sample's loss is the mean over its own (valid) entries; with padding masked, the
+        # loss weighs the samples by their valid entries instead of equally.
         if self.config.mask_padded_actions and ACTION_PAD_KEY in batch:
             valid = (~batch[ACTION_PAD_KEY]).unsqueeze(-1).to(error.dtype)
-            loss = (error * valid).sum() / (valid.sum() * self.action_dim).clamp_min(1.0)
+            masked = error * valid
+            loss = masked.sum() / (valid.sum() * self.action_dim).clamp_min(1.0)
+            per_sample = masked.flatten(1).sum(1) / (valid.flatten(1).sum(1) * self.action_dim).clamp_min(1.0)
         else:
             loss = error.mean()
-        return loss, {}
+            per_sample = error.flatten(1).mean(1)
+        return loss, {PER_SAMPLE_LOSS: per_sample.detach()}
 
     @torch.no_grad()
     def predict_action_chunk(self, batch: dict[str, Tensor]) -> Tensor:
