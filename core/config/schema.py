@@ -131,6 +131,10 @@ class AcceleratorConfig(Section):
         False, description="Recompute each wrap unit's activations in backward instead of keeping them (any layout)."
     )
     compile: bool = Field(False, description="torch.compile each wrap unit (after activation checkpointing, before FSDP).")
+    peak_tflops: float | None = Field(
+        None, gt=0, description="Dense peak TFLOP/s of one device for the run's dtype, for MFU; default: a table of "
+        "known GPUs; on CPU, unset: MFU left out."
+    )
 
 
 class PeftConfig(Section):

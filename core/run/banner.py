@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING
 from lerobot_kit.core.version import package_version
 
 if TYPE_CHECKING:
+    from lerobot_kit.core.config.schema import TrainConfig
     from lerobot_kit.core.run.components import RunComponents
+    from lerobot_kit.core.run.mfu import Utilization
 
 
 def _count(n: int) -> str:
@@ -34,7 +36,9 @@ def unit_class_name(module: object) -> str:
     return next(c.__name__ for c in type(module).__mro__ if not issubclass(c, FSDPModule))
 
 
-def format_banner(run: "RunComponents", dataset_len: int, start_step: int) -> list[str]:
+def format_banner(
+    run: "RunComponents", dataset_len: int, start_step: int, utilization: "Utilization | None" = None
+) -> list[str]:
     config, dims, ctx = run.config, run.dims, run.ctx
     accumulation = config.accelerator.gradient_accumulation.steps
     effective = config.batch_size * dims.dp_world_size * accumulation
@@ -61,10 +65,13 @@ def format_banner(run: "RunComponents", dataset_len: int, start_step: int) -> li
         f"× gradient_accumulation {accumulation}",
         f"precision {config.accelerator.mixed_precision} | wrap units: {unit_text}",
         f"parameters {_count(total)} total, {_count(trainable)} trainable, {_count(per_rank)} on this rank",
-        f"policy {config.policy.type} | dataset {config.dataset.type} ({dataset_len} samples) | steps "
+        f"policy {config.policy.type} | dataset {config.dataset.type}{_mixture_text(config)} ({dataset_len} samples) "
+        f"| steps "
         f"{start_step}→{config.steps} | output {run.output_dir}",
         _checkpoint_text(run),
     ]
+    if utilization is not None:  # the model's FLOPs per sample and the peak MFU divides by, or why not
+        lines.append(utilization.describe())
     return lines
 
 
@@ -76,3 +83,9 @@ def _checkpoint_text(run: "RunComponents") -> str:
     weights = config.checkpoint_format if sharded else "safetensors (not sharded)"
     mode = "written in the background" if config.async_checkpoint and sharded else "synchronous"
     return f"checkpoints every {config.save_freq} steps and at the end | weights {weights} | {mode}"
+
+
+def _mixture_text(config: TrainConfig) -> str:
+    """How many datasets a mixture joins; each one's samples and loss are in the metrics log."""
+    members = getattr(config.dataset, "mixture", None)
+    return f" mixture of {len(members)} members" if isinstance(members, list) else ""

@@ -7,11 +7,14 @@ final save/push.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
+from torch import nn
 
 from lerobot_kit.core.checkpoint.save_restore import restore_checkpoint
 from lerobot_kit.core.config.schema import TrainConfig
@@ -35,6 +38,8 @@ from lerobot_kit.core.run.banner import format_banner
 from lerobot_kit.core.run.components import RunComponents
 from lerobot_kit.core.run.evaluation import evaluation_hooks
 from lerobot_kit.core.run.guards import EVERY_RANK_ERRORS, guarded_run
+from lerobot_kit.core.run.mfu import Utilization, device_peak
+from lerobot_kit.core.run.model_flops import SampleFlops, count_sample_flops
 from lerobot_kit.core.run.optim import build_optimizer, build_scheduler
 from lerobot_kit.core.run.output_lock import Claimant, OutputLock
 from lerobot_kit.core.run.preemption import run_stopped
@@ -125,12 +130,16 @@ class PreparedRun:
     position: DataPosition
     dataset_len: int
     member_names: list[str]  # a mixture's members, else empty (``PolicyDataset.member_names``)
+    sample_flops: SampleFlops | None = None  # counted on the main process when asked (count_flops)
 
 
-def prepare_run(config: TrainConfig, ctx: DistContext, spec: RunSpec | None = None) -> PreparedRun:
+def prepare_run(
+    config: TrainConfig, ctx: DistContext, spec: RunSpec | None = None, count_flops: bool = False
+) -> PreparedRun:
     """Everything before the loop; collective. Also the entry for tools that inspect a run:
     they pass no ``spec``, which is then agreed on here without the output folder's lock
-    (they write nothing to the folder)."""
+    (they write nothing to the folder). ``count_flops``: the main process counts the
+    model's FLOPs per sample, for MFU (``core.run.model_flops``)."""
     from lerobot_kit.core.data.build import build_dataset
     from lerobot_kit.core.model.policy import make_policy_processors
 
@@ -138,7 +147,9 @@ def prepare_run(config: TrainConfig, ctx: DistContext, spec: RunSpec | None = No
     dims = spec.dims
     dataset = build_dataset(config)
     preprocessor, postprocessor = make_policy_processors(config.policy, dataset.meta)
-    parallel = _parallel_model(spec, ctx, dataset.meta)
+    counted = functools.partial(count_sample_flops, dataset=dataset, preprocessor=preprocessor,
+                                batch_size=config.batch_size) if count_flops and ctx.is_main else None
+    parallel, sample_flops = _parallel_model(spec, ctx, dataset.meta, counted)
     params = [p for p in parallel.model.parameters() if p.requires_grad]
     optimizer = build_optimizer(params, config.optimizer)
     scheduler = build_scheduler(optimizer, config.scheduler, config.steps)
@@ -155,7 +166,8 @@ def prepare_run(config: TrainConfig, ctx: DistContext, spec: RunSpec | None = No
         # Dropout differs per rank; weights (seeded above) and data order do not depend on it.
         torch.manual_seed(config.seed + ctx.rank)
     loader = build_loader(dataset, config, dims.dp_world_size, dims.dp_rank(ctx.rank), position, ctx.device)
-    return PreparedRun(run, loader, loader.sampler, start_step, position, len(dataset), dataset.member_names())
+    return PreparedRun(run, loader, loader.sampler, start_step, position, len(dataset), dataset.member_names(),
+                       sample_flops)
 
 
 def _train(config: TrainConfig, ctx: DistContext, lock: OutputLock) -> TrainResult:
@@ -163,9 +175,13 @@ def _train(config: TrainConfig, ctx: DistContext, lock: OutputLock) -> TrainResu
     if spec.nothing_left is not None:  # every rank returns: the spec is the same on all
         logger.warning(spec.nothing_left)
         return TrainResult(steps_done=spec.resume_step)
-    prepared = prepare_run(config, ctx, spec)
+    prepared = prepare_run(config, ctx, spec, count_flops=True)
     run = prepared.run
+    utilization = None
     if ctx.is_main:
+        assert prepared.sample_flops is not None
+        peak = device_peak(config.accelerator, ctx.device, spec.dims.sharded)
+        utilization = Utilization(prepared.sample_flops, peak, ctx.world_size)
         if run.spec.discarded:
             assert run.spec.resume_from is not None
             discard_later_steps(run.spec.resume_from, run.spec.discarded)
@@ -174,14 +190,14 @@ def _train(config: TrainConfig, ctx: DistContext, lock: OutputLock) -> TrainResu
                 f"{', '.join(d.name for d in run.spec.discarded)}; the run continues from step {prepared.start_step}"
             )
         run.output_dir.mkdir(parents=True, exist_ok=True)
-        for line in format_banner(run, prepared.dataset_len, prepared.start_step):
+        for line in format_banner(run, prepared.dataset_len, prepared.start_step, utilization):
             logger.info(line)
     tracker = make_tracker(run.spec, ctx)
     hooks = evaluation_hooks(run)
     barrier(ctx)
     trainer = Trainer(
         run, iter(prepared.loader), prepared.sampler, prepared.start_step, prepared.position, tracker, hooks,
-        prepared.member_names,
+        prepared.member_names, utilization,
     )
     try:
         result = trainer.fit()
@@ -195,8 +211,12 @@ def _train(config: TrainConfig, ctx: DistContext, lock: OutputLock) -> TrainResu
     return result
 
 
-def _parallel_model(spec: RunSpec, ctx: DistContext, meta: object) -> Parallelized:
-    """The policy in its layout, with the weights a one-process run would start from.
+def _parallel_model(
+    spec: RunSpec, ctx: DistContext, meta: object, count_flops: Callable[[nn.Module], SampleFlops] | None
+) -> tuple[Parallelized, SampleFlops | None]:
+    """The policy in its layout, with the weights a one-process run would start from, and
+    ``count_flops`` of the policy before the layout changes it (the model's own FLOPs,
+    without activation checkpointing's recomputation).
 
     Sharded runs materialise the full model on the main process only: the others build
     it on the meta device, and the parallelize pipeline broadcasts the main process's
@@ -207,7 +227,9 @@ def _parallel_model(spec: RunSpec, ctx: DistContext, meta: object) -> Paralleliz
     dims = spec.dims
     on_meta = dims.sharded and not ctx.is_main
     built = build_model(spec, meta, torch.device("meta") if on_meta else torch.device("cpu"))  # type: ignore[arg-type]
-    return parallelize(built.model, built.wrap, dims, spec.config.accelerator, ctx.device, weights_from_main=True)
+    flops = count_flops(built.model) if count_flops is not None else None
+    parallel = parallelize(built.model, built.wrap, dims, spec.config.accelerator, ctx.device, weights_from_main=True)
+    return parallel, flops
 
 
 def _warn_if_not_sample_exact(saved: TrainingStep, spec: RunSpec) -> None:

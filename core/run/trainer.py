@@ -28,6 +28,7 @@ from lerobot_kit.core.run.components import RunComponents
 from lerobot_kit.core.run.guards import LOOP_ERRORS, RunGuards
 from lerobot_kit.core.run.member_metrics import MemberMetrics
 from lerobot_kit.core.run.metrics_log import append_row, drop_rows_after
+from lerobot_kit.core.run.mfu import Utilization
 from lerobot_kit.core.run.nonfinite import NonFiniteError, NonFiniteGuard, weights_finite
 from lerobot_kit.core.run.progress import Progress
 from lerobot_kit.core.run.tracking import Tracker
@@ -56,6 +57,7 @@ class Trainer:
         tracker: Tracker,
         step_hooks: Sequence[Callable[[int], dict[str, float] | None]] = (),
         member_names: Sequence[str] = (),
+        utilization: Utilization | None = None,
     ) -> None:
         self.run = run
         self.tracker = tracker
@@ -82,6 +84,8 @@ class Trainer:
         self.step_hooks = list(step_hooks)
         # A mixture's members (``dataset.member_names()``): their samples and losses per log window.
         self.members = MemberMetrics(member_names, run.ctx.device)
+        # The main process's model FLOPs and device peak (core.run.mfu): model_tflops and mfu per row.
+        self.utilization = utilization
 
     def _is_sync_step(self, step: int) -> bool:
         """Last micro-batch of an accumulation window, or the very last step of the run."""
@@ -189,6 +193,8 @@ class Trainer:
                     means["loss"] = math.nan  # every update of the window was skipped
                 elapsed = time.perf_counter() - window_start
                 means["samples_per_s"] = window_steps * self.global_batch / elapsed if elapsed > 0 else 0.0
+                if self.utilization is not None:
+                    means.update(self.utilization.row(means["samples_per_s"]))
                 means["lr"] = run.optimizer.param_groups[0]["lr"]
                 if grad_norm is not None:
                     means["grad_norm"] = grad_norm
@@ -254,6 +260,10 @@ class Trainer:
         if means["skipped_steps"]:
             parts.append(f"skipped {int(means['skipped_steps'])}")
         parts.append(f"samples/s {means['samples_per_s']:.1f}")
+        if "model_tflops" in means:
+            parts.append(f"model_tflops {means['model_tflops']:.3g}")
+        if "mfu" in means:
+            parts.append(f"mfu {100 * means['mfu']:.3g}%")
         parts.append(f"data_s {means['data_s']:.3f}")
         parts.append(f"eta {progress.eta(int(means['step']))}")
         logger.info(" | ".join(parts))

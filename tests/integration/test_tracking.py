@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -47,7 +48,8 @@ def ddp_run(tmp_path_factory) -> tuple[Path, list[dict], subprocess.CompletedPro
     proc = torchrun_train(
         2, "--trackio.enable=true", "--trackio.project=kit-tests", "--job_name=ddp-job", f"--output_dir={out}",
         "--steps=4", "--log_freq=2", *TINY_ACT, "--eval_freq=4", "--eval.n_episodes=2", "--eval.max_episodes_rendered=0",
-        "--env.episode_length=10", workdir=tmp, env={"TRACKIO_DIR": str(trackio_dir)}, timeout=180,
+        "--env.episode_length=10", "--accelerator.peak_tflops=1", workdir=tmp,
+        env={"TRACKIO_DIR": str(trackio_dir)}, timeout=180,
     )
     code = READ_BACK + "import json; print(json.dumps(read_back('kit-tests')))"
     runs = json.loads(_python(code, {**os.environ, "TRACKIO_DIR": str(trackio_dir)}).stdout.splitlines()[-1])
@@ -68,6 +70,25 @@ def test_two_process_job_is_one_trackio_run_with_the_logged_metrics(ddp_run):
     assert {"eval/pc_success", "eval/avg_sum_reward", "eval/avg_max_reward", "eval/n_episodes"} <= set(logs[2])
     # The main process announced the run once; the other rank stayed silent.
     assert (proc.stdout + proc.stderr).count("trackio: project kit-tests | run ddp-job") == 1
+
+
+def test_rows_carry_model_tflops_per_device_and_mfu_over_the_given_peak(ddp_run):
+    """MFU (``core.run.mfu``), checked on this job's rows rather than on a run of its own: two
+    processes share out the throughput, and a given peak puts ``mfu`` in every training row."""
+    out, _, proc = ddp_run
+    banner = re.search(r"model FLOPs ([0-9.]+) ([KMG])FLOP per sample \(forward and backward\) \| peak 1 TFLOP/s "
+                       r"per device \(--accelerator.peak_tflops\)", proc.stderr)
+    assert banner, proc.stderr[-3000:]
+    flops_per_sample = float(banner.group(1)) * {"K": 1e3, "M": 1e6, "G": 1e9}[banner.group(2)]  # 3 digits, as printed
+    training = [row for row in read_metrics(out) if "loss" in row]
+    assert len(training) == 2
+    for row in training:
+        # The two processes share the whole run's samples/s; a peak of 1 TFLOP/s makes mfu the same number.
+        assert row["model_tflops"] == pytest.approx(flops_per_sample * row["samples_per_s"] / 2 / 1e12, rel=0.01)
+        assert row["mfu"] == row["model_tflops"]
+    lines = [line for line in proc.stderr.splitlines() if " | samples/s " in line]
+    figures = re.compile(r" \| model_tflops [0-9.e-]+ \| mfu [0-9.e-]+% \| ")
+    assert len(lines) == 2 and all(figures.search(line) for line in lines)
 
 
 def test_the_run_config_is_logged_once_with_the_run(ddp_run):

@@ -38,6 +38,9 @@ def test_default_task_learns_and_writes_the_documented_layout(tmp_path):
     assert "first logged loss" in result.stderr + result.stdout
     assert "effective batch 8 = batch_size 8 × dp_world_size 1 × gradient_accumulation 1" in result.stderr
     assert "checkpoints every 150 steps and at the end | weights safetensors (not sharded) | synchronous" in result.stderr
+    # The README's command runs on a CPU: model TFLOP/s in every row, MFU left out, said why once.
+    assert all(row["model_tflops"] > 0 and "mfu" not in row for row in logged)
+    assert result.stderr.count("| MFU: no peak known for CPU; give --accelerator.peak_tflops") == 1
     root = out / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == ["000150", "000300", "last"]
     assert (root / "last").is_symlink() and (root / "last").resolve().name == "000300"

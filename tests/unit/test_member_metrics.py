@@ -40,6 +40,7 @@ import os
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
 from lerobot_kit.api import (INDEX_KEY, MEMBER_KEY, PER_SAMPLE_LOSS, InMemoryDataset, Policy, PolicyConfig,
                              hookimpl)
@@ -96,8 +97,10 @@ class IndexLossPolicy(Policy):
     def forward(self, batch):
         self.calls += 1
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-        with open(f"{self.config.calls_file}.{rank}", "a") as calls:
-            calls.write(json.dumps({"member": batch[MEMBER_KEY].tolist(), "index": batch[INDEX_KEY].tolist()}) + "\\n")
+        if not isinstance(batch[INDEX_KEY], FakeTensor):  # the run's FLOP count at start: shapes, no batch
+            seen = {"member": batch[MEMBER_KEY].tolist(), "index": batch[INDEX_KEY].tolist()}
+            with open(f"{self.config.calls_file}.{rank}", "a") as calls:
+                calls.write(json.dumps(seen) + "\\n")
         per_sample = batch[INDEX_KEY].float() + 0.0 * self.weight
         if (self.calls, rank) == (self.config.nan_at_call, self.config.nan_rank):
             per_sample = per_sample + torch.tensor([math.nan] + [0.0] * (len(per_sample) - 1))
