@@ -10,7 +10,9 @@ so a plugin imports ``lerobot_kit.api`` and nothing else from lerobot-kit.
 Stable:
 
 * hooks: ``hookimpl``, the marker of a plugin's ``lerobot_register_*`` functions;
-* configs: ``TrainConfig``, ``PolicyConfig``, ``DatasetConfig``, ``parse_train_config``;
+* configs: ``TrainConfig``, ``PolicyConfig``, ``DatasetConfig``, ``parse_train_config``; for a
+  plugin's own JSON-valued flags, ``decode_json`` and ``read_json_file`` (finite numbers, bounded
+  depth and size, no FIFO or device read), which raise ``UnusableJson`` with a one-phrase reason;
 * training: ``train(config)``, what ``lerobot train`` runs — in a process group the caller
   initialised it joins that group and leaves it initialised, so a notebook or a sweep can
   run many configs in the same processes;
@@ -31,6 +33,9 @@ Stable:
   ``camera_to_float``, ``EpisodeWindows`` and ``expand_delta_indices`` (frame windows
   within an episode, padded at its ends); ``ALL_CAMERAS`` and ``ALL_OBSERVATIONS``, the
   ``delta_indices`` keys that name every camera and every ``observation.*`` feature;
+  ``MixtureDataset``, ``MixtureMember`` and ``member_delta_indices``, to train on several
+  datasets as one (a dataset plugin builds the members, the mixture joins them), with the
+  item keys ``MEMBER_KEY`` and ``missing_key``;
 * checkpoint formats: ``CheckpointFormat``, ``ModelWeights`` (what a format is handed:
   the model and how its weights are named), ``model_weights``, the weight writers and
   readers ``gathered_state``, ``write_weights_file``, ``write_gathered``, ``write_shards``,
@@ -59,6 +64,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lerobot_kit.core.config.flags import parse_train_config
+from lerobot_kit.core.config.json_input import UnusableJson
+from lerobot_kit.core.config.json_input import decode as decode_json
+from lerobot_kit.core.config.json_input import read as read_json_file
 from lerobot_kit.core.config.schema import DatasetConfig, EnvConfig, PolicyConfig, TrainConfig
 from lerobot_kit.core.data.build import build_dataset
 from lerobot_kit.core.data.dataset import (
@@ -80,6 +88,7 @@ from lerobot_kit.core.data.dataset import (
     pad_key,
     vector_stats,
 )
+from lerobot_kit.core.data.mixture import MixtureDataset, MixtureMember, member_delta_indices
 from lerobot_kit.core.data.windows import ALL_CAMERAS, ALL_OBSERVATIONS, EpisodeWindows, expand_delta_indices
 from lerobot_kit.core.distributed.launcher import DEFAULT_MASTER_PORT, LaunchEnv, Launcher, env_int
 from lerobot_kit.core.errors import CheckpointError, ConfigError, LerobotError, PluginError
@@ -161,6 +170,8 @@ __all__ = [
     "Info",
     "LaunchEnv",
     "Launcher",
+    "MixtureDataset",
+    "MixtureMember",
     "LerobotError",
     "ModelWeights",
     "Observation",
@@ -172,12 +183,14 @@ __all__ = [
     "PolicyProcessor",
     "TrainConfig",
     "UnitGroup",
+    "UnusableJson",
     "VectorEnv",
     "WeightShapes",
     "build_dataset",
     "build_policy",
     "camera_to_float",
     "compute_stats",
+    "decode_json",
     "env_int",
     "expand_delta_indices",
     "feature_dims",
@@ -188,11 +201,13 @@ __all__ = [
     "load_peft_model",
     "load_pretrained",
     "load_state",
+    "member_delta_indices",
     "merge_adapter",
     "missing_key",
     "model_weights",
     "pad_key",
     "parse_train_config",
+    "read_json_file",
     "read_safetensors",
     "train",
     "vector_stats",

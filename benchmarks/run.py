@@ -48,6 +48,7 @@ MODULES = {
     "fault_injection": "fault_injection",
     "ac_compile": "ac_compile",
     "eval_success": "eval_success",
+    "mixture_scale": "mixture_scale",
 }
 
 

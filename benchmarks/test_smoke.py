@@ -21,12 +21,13 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 BENCHMARKS = ["loop_overhead", "memory", "dist_overhead", "checkpoints", "convert_dcp", "startup", "data_memory",
-              "data", "fault_injection", "ac_compile", "eval_success"]
+              "data", "fault_injection", "ac_compile", "eval_success", "mixture_scale"]
 # Rows a benchmark must report whatever its figures (its other rows are checked generically).
 EXPECTED_ROWS = {
     "memory": ["fsdp2 param+grad+optim", "fsdp4 param+grad+optim", "hsdp2x2 param+grad+optim"],
     "loop_overhead": ["act step time"],
     "checkpoints": ["save, training blocked (--async_checkpoint=true): dcp"],
+    "mixture_scale": ["loader, random sampling", "loader, episode blocks sampling", "lerobot train --dataset.mixture"],
 }
 
 

@@ -106,6 +106,7 @@ def render(report: CheckpointReport) -> str:
             f"batch: {ts['batch_size']} per worker x {ts['dp_world_size']} workers x "
             f"{ts['gradient_accumulation_steps']} accumulation, mixed_precision={ts.get('mixed_precision', '?')}"
         )
+    lines.extend(_render_dataset(report.dataset))
     sampler = ts.get("sampler")
     if isinstance(sampler, dict):
         lines.append(
@@ -129,6 +130,31 @@ def render(report: CheckpointReport) -> str:
     else:
         lines.append(f"INVALID: {n} problem{'s' if n > 1 else ''} (listed on stderr)")
     return "\n".join(lines)
+
+
+SHOWN_MEMBERS = 10  # a mixture of hundreds lists its first members; --json lists all
+
+
+def _render_dataset(dataset: dict | None) -> list[str]:
+    """What the checkpoint was trained on: a dataset id, or a mixture's members and shares."""
+    if dataset is None:
+        return []
+    members = dataset.get("mixture")
+    if not isinstance(members, list):
+        named = f" {dataset['repo_id']}" if dataset.get("repo_id") else ""
+        return [f"trained on: {dataset.get('type')}{named}"]
+    weighted = any(isinstance(m.get("weight"), (int, float)) for m in members)
+    alpha = dataset.get("mixture_alpha")
+    rule = "weights" if weighted else "frames" if alpha in (1, None) else f"frames**{alpha}"
+    lines = [f"trained on: a mixture of {len(members)} datasets, shares by {rule}"]
+    for member in members[:SHOWN_MEMBERS]:
+        weight = f" weight {member['weight']:g}" if isinstance(member.get("weight"), (int, float)) else ""
+        renames = member.get("rename_map") if isinstance(member.get("rename_map"), dict) else {}
+        renamed = f" renames {', '.join(f'{a} -> {b}' for a, b in renames.items())}" if renames else ""
+        lines.append(f"  {member.get('repo_id')}{weight}{renamed}")
+    if len(members) > SHOWN_MEMBERS:
+        lines.append(f"  ... and {len(members) - SHOWN_MEMBERS} more (--json lists every member)")
+    return lines
 
 
 def _render_file(info: FileInfo) -> list[str]:

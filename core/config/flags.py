@@ -134,7 +134,7 @@ def resolve_section(raw: dict[str, Any], key: str, problems: list[str], typed_by
         claimed = get_registry().claiming_policy_type(saved)
         # A type that claims the checkpoint reads its files itself: only the type is set here.
         value = {**value, "type": claimed} if claimed else deep_merge(saved, value)
-    if key == "dataset" and "type" not in value and value.get("repo_id"):
+    if key == "dataset" and "type" not in value and (value.get("repo_id") or value.get("mixture") is not None):
         value["type"] = "lerobot"
     type_name = value.setdefault("type", base.model_fields["type"].default)
     try:

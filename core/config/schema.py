@@ -69,9 +69,18 @@ class DatasetConfig(Section):
 
     resume_may_change: ClassVar[frozenset[str]] = frozenset({"image_transforms"})
 
-    type: str = Field("reach", description="Dataset type; `lerobot` when --dataset.repo_id is given.")
+    type: str = Field(
+        "reach", description="Dataset type; `lerobot` when --dataset.repo_id or --dataset.mixture is given."
+    )
     image_transforms: ImageTransformsConfig = Field(default_factory=ImageTransformsConfig)
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+
+    @classmethod
+    def resume_comparable(cls, dumped: dict[str, Any]) -> dict[str, Any]:
+        """This section as recorded (``model_dump(mode="json")``), reduced to what a resume must
+        find unchanged beyond ``resume_may_change``: a type whose fields nest a setting that may
+        change (a mixture member's folder) leaves it out here."""
+        return dumped
 
 
 class ParallelismConfig(Section):

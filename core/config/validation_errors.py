@@ -54,10 +54,11 @@ def file_line(errors: Sequence[ErrorDetails]) -> str:
 
 
 def _problem(err: ErrorDetails) -> str:
-    """pydantic's message on one line, with the input unless it is a whole section."""
+    """pydantic's message on one line, with the input unless it is a whole section or list
+    (a JSON list of members, say), which the message names the parts of."""
     message = " ".join(str(err["msg"]).split())
     given = err.get("input")
-    return message if isinstance(given, dict) else f"{message} (got {shown(given)})"
+    return message if isinstance(given, (dict, list)) else f"{message} (got {shown(given)})"
 
 
 def shown(value: Any) -> str:

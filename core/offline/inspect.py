@@ -110,6 +110,7 @@ class CheckpointReport:
     resumable: Verdict
     loadable: Verdict
     checksums: Checksums
+    dataset: dict[str, Any] | None = None  # what the run trained on, from train_config.json
 
     @property
     def ok(self) -> bool:
@@ -138,6 +139,7 @@ class CheckpointReport:
             "resumable": self.resumable.to_json(),
             "loadable": self.loadable.to_json(),
             "checksums": self.checksums.to_json(),
+            "dataset": self.dataset,
         }
 
 
@@ -216,6 +218,7 @@ class _Inspector:
             resumable=self._resumable(),
             loadable=loadable,
             checksums=self.checksums,
+            dataset=trained_on(self.checked.json.get(f"{self.pretrained}/{L.TRAIN_CONFIG}")),
         )
 
     def _file_info(self, entry: Entry) -> FileInfo:
@@ -425,6 +428,25 @@ class _Inspector:
 
     def _problem(self, rel: str, message: str) -> None:
         self.problems.append(Problem(rel, f"{rel}: {message}"))
+
+
+def trained_on(train_config: Any) -> dict[str, Any] | None:
+    """The data a run's ``train_config.json`` names: its dataset type and id, or a mixture's
+    members (``repo_id``, weight, renames) and how shares were set; None without the file."""
+    dataset = train_config.get("dataset") if isinstance(train_config, dict) else None
+    if not isinstance(dataset, dict):
+        return None
+    summary: dict[str, Any] = {"type": dataset.get("type")}
+    mixture = dataset.get("mixture")
+    if isinstance(mixture, list):
+        summary["mixture"] = [
+            {key: member.get(key) for key in ("repo_id", "weight", "rename_map", "episodes")}
+            for member in mixture if isinstance(member, dict)
+        ]
+        summary["mixture_alpha"] = dataset.get("mixture_alpha")
+    elif dataset.get("repo_id") is not None:
+        summary["repo_id"] = dataset.get("repo_id")
+    return summary
 
 
 def _infos(header: dict[str, Any]) -> list[TensorInfo]:

@@ -41,7 +41,7 @@ def check_resume_changes(config: TrainConfig, step_dir: Path, output_dir: Path, 
     new = config.to_json_dict()
     problems = [
         *_policy_changes(config, new, recorded, peft_base),
-        *_fixed(new, recorded, "dataset", config.dataset.resume_may_change,
+        *_fixed(*_dataset_views(config, new, recorded), "dataset", config.dataset.resume_may_change,
                 "the dataset cannot change on resume (the restored data position indexes that data)"),
         *_fixed(new, recorded, "peft", frozenset(), "PEFT settings cannot change on resume (the checkpoint holds "
                 "the adapter they describe)"),
@@ -61,6 +61,15 @@ def check_resume_changes(config: TrainConfig, step_dir: Path, output_dir: Path, 
         )
     if problems:
         raise ConfigError("\n".join(problems))
+
+
+def _dataset_views(config: TrainConfig, new: dict[str, Any],
+                   recorded: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Both configs with their dataset sections as the dataset type compares them on resume."""
+    comparable = type(config.dataset).resume_comparable
+    old = recorded.get("dataset")
+    return ({**new, "dataset": comparable(new["dataset"])},
+            {**recorded, "dataset": comparable(old)} if isinstance(old, dict) else recorded)
 
 
 def _recorded_config(step_dir: Path) -> dict[str, Any] | None:

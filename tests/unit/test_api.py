@@ -28,7 +28,9 @@ STABLE = {
     "train",  # what `lerobot train` runs, for notebooks and sweeps (docs/parallelism.md)
     "UnitGroup",
     # Mixtures: the member of a sample, a missing camera's flag, a policy's per-sample losses.
-    "MEMBER_KEY", "missing_key", "PER_SAMPLE_LOSS",
+    "MEMBER_KEY", "missing_key", "PER_SAMPLE_LOSS", "MixtureDataset", "MixtureMember", "member_delta_indices",
+    # A plugin's JSON-valued flags (the LeRobot plugin's --dataset.mixture), read as the config's own.
+    "decode_json", "read_json_file", "UnusableJson",
 }
 
 LAZY = {"Policy", "PolicyProcessor", "CheckpointFormat", "write_gathered", "write_shards", "load_any_weights", "read_safetensors",

@@ -37,6 +37,7 @@ PAGE_COMMANDS: dict[str, tuple[str, ...]] = {
     "docs/index.md": ALL,
     "docs/configuration.md": ("train", "plan"),
     "docs/data.md": ("train",),
+    "docs/mixtures.md": ("train", "plan", "inspect-checkpoint"),
     "docs/parallelism.md": ("train", "plan"),
     "docs/planning.md": ("plan", "train"),
     "docs/checkpoints.md": ("train", "convert-dcp", "inspect-checkpoint"),
@@ -283,6 +284,8 @@ def check_lerobot(command: str, args: list[str]) -> list[str]:
         return [f"lerobot {a}: no such command or option" for a in args[:1] + [command] if a and a not in allowed][:1]
     types = {key.removeprefix("--").removesuffix(".type"): value for key, _, value in
              (a.partition("=") for a in args) if re.fullmatch(r"--\w+\.type", key)}
+    if "dataset" not in types and any(a.startswith(("--dataset.repo_id=", "--dataset.mixture=")) for a in args):
+        types["dataset"] = "lerobot"  # as the flag parser picks it
     if any("<" in v for v in types.values()):  # a placeholder type: any of them
         known = command_flags(command)
     else:

@@ -64,7 +64,7 @@ def test_registered_as_the_lerobot_type_and_picked_by_repo_id(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--dataset.type=lerobot"], "--dataset.repo_id: Value error, required for --dataset.type=lerobot"),
+        (["--dataset.type=lerobot"], "--dataset: Value error, required for --dataset.type=lerobot"),
         (["--dataset.repo_id=justaname"], "--dataset.repo_id: Value error, expected a Hugging Face dataset id"),
         (["--dataset.repo_id=u/x", "--dataset.episodes=[]"], "--dataset.episodes: Value error, an empty episode list"),
         (["--dataset.repo_id=u/x", "--dataset.episodes=[-1]"], "episode indices are >= 0"),
@@ -401,7 +401,7 @@ def test_opening_reads_metadata_only_and_the_column_cache_is_built_once(tmp_path
     import pickle
 
     copy = pickle.loads(pickle.dumps(again))  # what a spawned worker gets: no maps, no open decoders
-    assert copy._columns == {} and all(_same(first[k], copy[3][k]) for k in first)
+    assert all(_same(first[k], copy[3][k]) for k in first)
 
 
 def _same(a: object, b: object) -> bool:

@@ -2,12 +2,21 @@
 
 Parquet is compressed, so it cannot be memory-mapped and a random row costs a whole
 page to decompress. The first process that needs a data file converts it, once, into
-plain arrays beside the dataset (``<root>/.lerobot_kit_cache/``; a per-user cache when
-the dataset folder is read-only): every numeric feature, ``timestamp`` and
-``task_index`` as ``.npy`` and every image feature as one file of encoded bytes plus
-an ``[rows, 2]`` offset/length table. Every later process (each rank, each DataLoader
-worker) maps those files read-only, so a node holds one copy of them, in the page
-cache, however many processes read it; process memory stays flat in dataset size.
+plain arrays in one file beside the dataset (``<root>/.lerobot_kit_cache/``; a per-user
+cache when the dataset folder is read-only): every numeric feature, ``timestamp`` and
+``task_index``, and every image feature as its encoded bytes plus an ``[rows, 2]``
+offset/length table, each array at an aligned offset the manifest records. Every later
+process (each rank, each DataLoader worker) maps that file read-only, so a node holds
+one copy of it, in the page cache, however many processes read it; process memory stays
+flat in dataset size.
+
+One file, one map: a map holds a file descriptor (Python's ``mmap`` keeps a duplicate of
+the file's), and opening one file costs a fraction of opening one per column. A process
+keeps at most ``MAX_OPEN_DATA_FILES`` data files mapped, all its datasets together
+(``cached_file_columns``), so a run mixing hundreds of datasets stays within the
+open-file limit in each DataLoader worker; the least recently used is dropped first,
+and its descriptor closes with the last array that views it (items hold copies, never
+views).
 
 Rows are stored grouped by episode in episode-index order, each episode in
 ``frame_index`` order, so an episode is a contiguous row range. A cache entry is named
@@ -24,11 +33,12 @@ import fcntl
 import hashlib
 import json
 import math
+import mmap
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import IO, TYPE_CHECKING, Hashable, Iterator
 
 import numpy as np
 
@@ -39,19 +49,27 @@ from lerobot_kit.plugins.datasets.lerobot.files import (
     require_pyarrow,
 )
 from lerobot_kit.plugins.datasets.lerobot.meta import EpisodeRow, LeRobotInfo, SourceFeature
+from lerobot_kit.plugins.datasets.lerobot.open_files import OpenFiles
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 CACHE_DIR = ".lerobot_kit_cache"
-FORMAT = 2  # bump when the layout of an entry, or what building one guarantees, changes (2: checked finite)
+# Bump when the layout of an entry, or what building one guarantees, changes (2: checked finite;
+# 3: all arrays in one file).
+FORMAT = 3
 MANIFEST = "manifest.json"
+ARRAYS = "arrays.bin"
+ALIGNMENT = 64  # of each array's offset in ``ARRAYS``
 IMAGE_BATCH_ROWS = 256  # rows of encoded images read at a time while building: bounds build memory
+# Per process, all datasets together (one file descriptor each): far under the usual limit
+# of 1024 open files, with room for the video decoders, the loader's pipes and libraries.
+MAX_OPEN_DATA_FILES = 64
 
 
 @dataclass
 class FileColumns:
-    """One data file's rows, grouped by episode: arrays are read-only memory maps."""
+    """One data file's rows, grouped by episode: arrays are read-only views of one memory map."""
 
     numeric: dict[str, np.ndarray]
     timestamp: np.ndarray | None
@@ -62,6 +80,17 @@ class FileColumns:
     def encoded_image(self, key: str, row: int) -> bytes:
         offset, length = self.image_spans[key][row]
         return self.image_bytes[key][offset : offset + length].tobytes()
+
+
+_OPEN: OpenFiles[FileColumns] = OpenFiles(MAX_OPEN_DATA_FILES)  # this process's mapped data files
+
+
+def cached_file_columns(
+    owner: Hashable, info: LeRobotInfo, data_file: tuple[int, int], rows_in_file: list[EpisodeRow]
+) -> FileColumns:
+    """``open_file_columns``, opened once per process and ``owner`` (a dataset) while among the
+    most recently used of this process's data files."""
+    return _OPEN.get((owner, data_file), lambda: open_file_columns(info, data_file, rows_in_file))
 
 
 def episode_rows(rows_in_file: list[EpisodeRow]) -> dict[int, int]:
@@ -90,8 +119,9 @@ def is_cached(info: LeRobotInfo, data_file: tuple[int, int]) -> bool:
     if not source.is_file():
         return False
     name = _entry_name(info.root, source)
-    roots = (info.root / CACHE_DIR, _user_cache_root(info.root))
-    return any((root / f"v{FORMAT}" / name / MANIFEST).is_file() for root in roots)
+    beside = info.root / CACHE_DIR / f"v{FORMAT}" / name / MANIFEST
+    # The user's cache is looked at only then: finding it resolves the dataset folder's path, component by component.
+    return beside.is_file() or (_user_cache_root(info.root) / f"v{FORMAT}" / name / MANIFEST).is_file()
 
 
 def _entry_dir(dataset_root: Path, source: Path) -> Path:
@@ -140,22 +170,48 @@ def _locked(lock_file: Path) -> Iterator[None]:
 
 def _open(entry: Path) -> FileColumns:
     manifest = json.loads((entry / MANIFEST).read_text())
+    with open(entry / ARRAYS, "rb") as handle:
+        # mmap refuses an empty file; an entry whose arrays are all empty has nothing to map.
+        data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(handle.fileno()).st_size else b""
 
-    def load(name: str | None) -> np.ndarray | None:
-        return None if name is None else np.load(entry / name, mmap_mode="r")
+    def view(name: str) -> np.ndarray:
+        offset, dtype, shape = manifest["arrays"][name]
+        return np.frombuffer(data, np.dtype(dtype), math.prod(shape), offset).reshape(shape)
 
-    blobs = {}
-    for key, (blob, _) in manifest["images"].items():
-        path = entry / blob
-        # np.memmap refuses empty files; a dataset whose images are all empty bytes has none to map.
-        blobs[key] = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.empty(0, np.uint8)
+    def optional(name: str | None) -> np.ndarray | None:
+        return None if name is None else view(name)
+
     return FileColumns(
-        numeric={key: load(name) for key, name in manifest["numeric"].items()},
-        timestamp=load(manifest["timestamp"]),
-        task_index=load(manifest["task_index"]),
-        image_bytes=blobs,
-        image_spans={key: load(spans) for key, (_, spans) in manifest["images"].items()},
+        numeric={key: view(name) for key, name in manifest["numeric"].items()},
+        timestamp=optional(manifest["timestamp"]),
+        task_index=optional(manifest["task_index"]),
+        image_bytes={key: view(blob) for key, (blob, _) in manifest["images"].items()},
+        image_spans={key: view(spans) for key, (_, spans) in manifest["images"].items()},
     )
+
+
+class _ArrayWriter:
+    """Appends arrays to an open file, each at an ``ALIGNMENT``-aligned offset, recording
+    ``name -> [offset, dtype, shape]`` for the manifest."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out = out
+        self.arrays: dict[str, list] = {}
+
+    def add(self, name: str, array: np.ndarray) -> None:
+        offset = self.align()
+        self.out.write(memoryview(np.ascontiguousarray(array).reshape(-1)).cast("B"))  # a copy only if strided
+        self.record(name, offset, array.dtype, array.shape)
+
+    def align(self) -> int:
+        """Pad to the next aligned offset, and return it."""
+        offset = self.out.tell()
+        padding = -offset % ALIGNMENT
+        self.out.write(bytes(padding))
+        return offset + padding
+
+    def record(self, name: str, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        self.arrays[name] = [offset, dtype.str, list(shape)]
 
 
 def _build(info: LeRobotInfo, source: Path, rows: list[EpisodeRow], entry: Path) -> None:
@@ -173,22 +229,26 @@ def _build(info: LeRobotInfo, source: Path, rows: list[EpisodeRow], entry: Path)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     manifest: dict[str, object] = {"format": FORMAT, "source": str(source), "rows": len(order)}
-    numeric_files = {}
-    for n, feature in enumerate(numeric):
-        numeric_files[feature.key] = f"numeric{n}.npy"
-        np.save(tmp / f"numeric{n}.npy", numeric_values(source, feature, table.column(feature.key))[order])
-    manifest["numeric"] = numeric_files
-    for name in ("timestamp", "task_index"):
-        manifest[name] = None
-        if name in extras:
-            np.save(tmp / f"{name}.npy", table.column(name).to_numpy()[order])
-            manifest[name] = f"{name}.npy"
-    del table
-    manifest["images"] = {}
-    for n, feature in enumerate(images):
-        spans = _write_image_bytes(source, feature, tmp / f"image{n}.bin", source_rows)
-        np.save(tmp / f"image{n}.spans.npy", spans[order])
-        manifest["images"][feature.key] = [f"image{n}.bin", f"image{n}.spans.npy"]  # type: ignore[index]
+    images_of: dict[str, list[str]] = {}
+    with open(tmp / ARRAYS, "wb") as out:
+        writer = _ArrayWriter(out)
+        for n, feature in enumerate(numeric):
+            writer.add(f"numeric{n}", numeric_values(source, feature, table.column(feature.key))[order])
+        manifest["numeric"] = {feature.key: f"numeric{n}" for n, feature in enumerate(numeric)}
+        for name in ("timestamp", "task_index"):
+            manifest[name] = None
+            if name in extras:
+                writer.add(name, table.column(name).to_numpy()[order])
+                manifest[name] = name
+        del table
+        for n, feature in enumerate(images):
+            offset = writer.align()
+            spans = _write_image_bytes(source, feature, out, source_rows)
+            writer.record(f"image{n}", offset, np.dtype(np.uint8), (out.tell() - offset,))
+            writer.add(f"image{n}.spans", spans[order])
+            images_of[feature.key] = [f"image{n}", f"image{n}.spans"]
+    manifest["images"] = images_of
+    manifest["arrays"] = writer.arrays
     (tmp / MANIFEST).write_text(json.dumps(manifest))
     try:
         os.rename(tmp, entry)
@@ -235,8 +295,9 @@ def numeric_values(path: Path, feature: SourceFeature, column: pa.ChunkedArray) 
     return values.to_numpy(zero_copy_only=False).astype(feature.spec.dtype).reshape(n, *shape)
 
 
-def _write_image_bytes(source: Path, feature: SourceFeature, blob: Path, num_rows: int) -> np.ndarray:
-    """Append every row's encoded image to ``blob``; ``[rows, 2]`` offset/length in source row order."""
+def _write_image_bytes(source: Path, feature: SourceFeature, out: IO[bytes], num_rows: int) -> np.ndarray:
+    """Append every row's encoded image to ``out``; ``[rows, 2]`` offset (from where it started)
+    and length, in source row order."""
     import pyarrow as pa
 
     pq = require_pyarrow()
@@ -244,26 +305,25 @@ def _write_image_bytes(source: Path, feature: SourceFeature, blob: Path, num_row
     row, offset = 0, 0
     try:
         batches = pq.ParquetFile(source).iter_batches(batch_size=IMAGE_BATCH_ROWS, columns=[feature.key])
-        with open(blob, "wb") as out:
-            for batch in batches:
-                values = batch.column(0)
-                if pa.types.is_struct(values.type) and values.type.get_field_index("bytes") >= 0:
-                    values = values.field("bytes")
-                if not (pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):
+        for batch in batches:
+            values = batch.column(0)
+            if pa.types.is_struct(values.type) and values.type.get_field_index("bytes") >= 0:
+                values = values.field("bytes")
+            if not (pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):
+                raise LeRobotDatasetError(
+                    f"{source}: image column {feature.key!r} has type {values.type}; "
+                    "expected struct<bytes, path> of encoded images"
+                )
+            for data in values.to_pylist():
+                if data is None:
                     raise LeRobotDatasetError(
-                        f"{source}: image column {feature.key!r} has type {values.type}; "
-                        "expected struct<bytes, path> of encoded images"
+                        f"{source}: row {row} of {feature.key!r} has no embedded image bytes "
+                        "(images referenced by path only are not supported)"
                     )
-                for data in values.to_pylist():
-                    if data is None:
-                        raise LeRobotDatasetError(
-                            f"{source}: row {row} of {feature.key!r} has no embedded image bytes "
-                            "(images referenced by path only are not supported)"
-                        )
-                    out.write(data)
-                    spans[row] = (offset, len(data))
-                    offset += len(data)
-                    row += 1
+                out.write(data)
+                spans[row] = (offset, len(data))
+                offset += len(data)
+                row += 1
     except LeRobotDatasetError:
         raise
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file

@@ -8,10 +8,12 @@ to find NaN/inf before training (``finite``). Items are assembled on demand, in 
 process asks (DataLoader workers, in training):
 
 - numeric features, ``timestamp`` and encoded images come from the memory-mapped
-  column cache of each data file (``columns``), built on first use;
+  column cache of each data file (``columns``), built on first use; a process keeps a
+  bounded number of data files mapped, all its datasets together;
 - images stored in the data files are decoded per item (``images``);
-- video frames are decoded per item with PyAV, by a per-process pool of decoders
-  (``video``), at the timestamps LeRobot's reader would query.
+- video frames are decoded per item with PyAV, by a bounded per-process pool of
+  decoders shared by all its datasets (``video``), at the timestamps LeRobot's reader
+  would query.
 
 Stacked features (``delta_indices``, cameras included) are windows inside the item's
 episode with padding flags (``core.data.windows``), as LeRobot's ``delta_timestamps``.
@@ -24,15 +26,23 @@ computed from the selected episodes (``stats``).
 
 from __future__ import annotations
 
-import os
+import uuid
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from lerobot_kit.api import DatasetMeta, EpisodeWindows, PolicyDataset, camera_to_float, expand_delta_indices, pad_key
+from lerobot_kit.api import (
+    DatasetMeta,
+    EpisodeWindows,
+    MixtureDataset,
+    PolicyDataset,
+    camera_to_float,
+    expand_delta_indices,
+    pad_key,
+)
 from lerobot_kit.plugins.datasets.lerobot import images, video
-from lerobot_kit.plugins.datasets.lerobot.columns import FileColumns, episode_rows, open_file_columns
+from lerobot_kit.plugins.datasets.lerobot.columns import FileColumns, cached_file_columns, episode_rows
 from lerobot_kit.plugins.datasets.lerobot.files import LeRobotDatasetError, require_pil, require_pyarrow
 from lerobot_kit.plugins.datasets.lerobot.finite import check_finite
 from lerobot_kit.plugins.datasets.lerobot.locate import locate_dataset
@@ -86,8 +96,7 @@ class LeRobotDataset(PolicyDataset):
         first_rows = {f: episode_rows(rows) for f, rows in self._in_file.items()}
         # Per selected episode: the row of its first frame in its data file's column cache.
         self._first_row = np.array([first_rows[row.data_file][row.index] for row in episodes], dtype=np.int64)
-        self._columns: dict[tuple[int, int], FileColumns] = {}
-        self._columns_pid = os.getpid()
+        self._owner = uuid.uuid4().hex  # its maps in the process's shared cache; unique across processes
         spans = [int(offsets.max() - offsets.min()) + 1 for key, offsets in self.delta_indices.items()
                  if info.features[key].kind == "video"]
         self._videos = video.VideoDecoders(av, info.fps, keep=max(spans, default=1)) if av is not None else None
@@ -101,18 +110,10 @@ class LeRobotDataset(PolicyDataset):
     def episode_lengths(self) -> np.ndarray:
         return self.windows.lengths
 
-    def __getstate__(self) -> dict[str, Any]:
-        # Memory maps would pickle as copies of the data: a worker maps the files itself.
-        return {**self.__dict__, "_columns": {}}
-
     def columns(self, data_file: tuple[int, int]) -> FileColumns:
-        """The memory-mapped columns of a data file, opened once per process."""
-        if os.getpid() != self._columns_pid:  # a forked worker maps the files itself
-            self._columns, self._columns_pid = {}, os.getpid()
-        found = self._columns.get(data_file)
-        if found is None:
-            found = self._columns[data_file] = open_file_columns(self.info, data_file, self._in_file[data_file])
-        return found
+        """The memory-mapped columns of a data file, kept open by the process's shared cache
+        (each process, a forked worker too, maps the files itself)."""
+        return cached_file_columns(self._owner, self.info, data_file, self._in_file[data_file])
 
     def episode_arrays(self, position: int) -> tuple[FileColumns, np.ndarray]:
         """Columns of the ``position``-th selected episode's data file, and its frames' rows there."""
@@ -236,13 +237,28 @@ def channels_first(frames: list[np.ndarray]) -> torch.Tensor:
     return torch.from_numpy(stacked).permute(0, 3, 1, 2)
 
 
-def make_lerobot_dataset(config: LeRobotDatasetConfig, delta_indices: dict[str, list[int]]) -> LeRobotDataset:
-    """The dataset factory registered as ``--dataset.type=lerobot``: metadata only, no frames."""
+def make_lerobot_dataset(
+    config: LeRobotDatasetConfig, delta_indices: dict[str, list[int]]
+) -> LeRobotDataset | MixtureDataset:
+    """The dataset factory registered as ``--dataset.type=lerobot``: metadata only, no frames;
+    a mixture of such datasets with ``--dataset.mixture`` (``mixture``)."""
+    if config.mixture is not None:
+        from lerobot_kit.plugins.datasets.lerobot.mixture import make_lerobot_mixture
+
+        return make_lerobot_mixture(config, delta_indices)
+    return open_lerobot_dataset(config, lambda info: delta_indices)
+
+
+def open_lerobot_dataset(
+    config: LeRobotDatasetConfig, delta_indices_for: Callable[[LeRobotInfo], dict[str, list[int]]]
+) -> LeRobotDataset:
+    """One dataset, stacking the frame offsets ``delta_indices_for`` asks for once its schema is read."""
     from lerobot_kit.plugins.datasets.lerobot.stats import complete_stats
 
     assert config.repo_id is not None  # the config validator requires it
     root = locate_dataset(config.repo_id, config.root, config.revision, config.allow_download)
     info = read_info(root)
+    delta_indices = delta_indices_for(info)
     video_keys = info.keys("video")
     av = video.require_video_decoder(config.video_backend, video_keys) if video_keys else None
     for key in info.keys("image"):

@@ -9,7 +9,9 @@ each query, convert it with ``to_ndarray(format="rgb24")`` — so the pixels are
 same. A frame further than ``TOLERANCE_FRAMES`` frame periods from its query is an
 error (the video and the data disagree), never a silent nearest-neighbour guess.
 
-Each process (a DataLoader worker) keeps a bounded pool of open decoders. A decoder
+Each process (a DataLoader worker) keeps a bounded pool of open decoders, one per
+file, shared by every dataset it reads (``open_files``): however many datasets a run
+mixes, a process holds at most ``MAX_OPEN_DECODERS`` files open for video. A decoder
 that stopped shortly before the wanted time (closer than a seek has been costing, in
 frames) decodes forward instead of seeking, so reading consecutive frames decodes each
 frame once; the frames it last handed out are
@@ -22,8 +24,8 @@ them) whose threads a forked child does not inherit; a child that frees a decode
 inherited waits for them forever — a DataLoader worker forked after the training process
 measured camera stats would deadlock on its first item. So every open decoder of a
 process is closed just before it forks (``os.register_at_fork``) and reopened on its
-next request; each child opens its own, as a worker started by spawn does (the pool
-pickles empty). Workers stay forked: spawning them would import torch again in each.
+next request; each child opens its own, as a worker started by spawn does (a dataset
+pickles without decoders). Workers stay forked: spawning them would import torch again in each.
 
 PyAV (``pip install 'lerobot-kit[video]'``) is the only decoder: it ships its own
 FFmpeg with AV1 (LeRobot's default codec) and H.264 decoders.
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import collections
 import os
-import weakref
+import uuid
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -42,12 +44,14 @@ import numpy as np
 
 from lerobot_kit.api import ConfigError
 from lerobot_kit.plugins.datasets.lerobot.files import LeRobotDatasetError
+from lerobot_kit.plugins.datasets.lerobot.open_files import OpenFiles
 
 VIDEO_EXTRA = "pip install 'lerobot-kit[video]' (or: pip install av)"
 BACKENDS = ("pyav",)
 TOLERANCE_FRAMES = 0.4
 FRAME_FORMATS = {1: "gray", 3: "rgb24"}
-MAX_OPEN_DECODERS = 8  # files per process; each holds a demuxer, a one-thread decoder and a few RGB frames
+# Files per process, all datasets together; each holds a demuxer, a one-thread decoder and a few RGB frames.
+MAX_OPEN_DECODERS = 8
 
 
 def require_video_decoder(backend: str | None, video_keys: list[str]) -> ModuleType:
@@ -136,39 +140,35 @@ class _Decoder:
         self.container.close()
 
 
+_OPEN: OpenFiles[_Decoder] = OpenFiles(MAX_OPEN_DECODERS, _Decoder.close)  # this process's open decoders
+os.register_at_fork(before=_OPEN.close_all)
+
+
 class VideoDecoders:
-    """The open decoders of one process, one per file, at most ``max_open`` files (least recently
-    used closed first).
+    """One dataset's video reader: its decoders live in the process's shared pool, keyed by
+    this reader and the file, so a dataset opened twice never sees the other's decoders.
 
     ``keep`` is how many converted frames each decoder remembers: the span of the
     longest camera history asked for, so overlapping windows of consecutive items
-    convert each frame once. Pickles empty (a DataLoader worker opens its own): FFmpeg
-    state cannot cross processes.
+    convert each frame once. Holds no decoder itself, so it pickles without FFmpeg
+    state, which cannot cross processes (a DataLoader worker opens its own).
     """
 
-    def __init__(self, av: ModuleType, fps: int, keep: int = 1, max_open: int = MAX_OPEN_DECODERS) -> None:
+    def __init__(self, av: ModuleType, fps: int, keep: int = 1) -> None:
         self.av = av
         self.fps = fps
         self.tolerance = TOLERANCE_FRAMES / fps
         self.keep = max(1, keep)
-        self.max_open = max_open
-        self._open: collections.OrderedDict[Path, _Decoder] = collections.OrderedDict()
-        _POOLS.add(self)
+        self._owner = uuid.uuid4().hex  # unique across processes, as a pickled copy's must stay
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "av": None, "_open": collections.OrderedDict()}
+        return {**self.__dict__, "av": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         import av
 
         self.av = av
-        _POOLS.add(self)
-
-    def close(self) -> None:
-        """Close every open decoder; the next request opens its file again."""
-        while self._open:
-            self._open.popitem(last=False)[1].close()
 
     def frames(self, path: Path, key: str, episode: int, times: np.ndarray, shape: tuple[int, ...]) -> list[np.ndarray]:
         """uint8 ``[H, W, C]`` arrays, as converted: the frame of ``path`` nearest to each time.
@@ -208,7 +208,7 @@ class VideoDecoders:
     def _runs(self, path: Path, wanted: np.ndarray) -> list[np.ndarray]:
         """``wanted`` (sorted) cut where the next time is further ahead than a seek costs: each
         run is decoded forward, and the frames between two runs are skipped by a seek."""
-        decoder = self._open.get(path)
+        decoder = _OPEN.peek((self._owner, path))
         gap = ((decoder.seek_cost if decoder is not None else 2.0) + 1) / self.fps
         return np.split(wanted, np.flatnonzero(np.diff(wanted) > gap) + 1)
 
@@ -262,13 +262,9 @@ class VideoDecoders:
     def _decoder_for(self, path: Path, first: float) -> tuple[_Decoder, bool]:
         """The decoder of ``path``, as it stands when it holds ``first`` or reaches it by decoding
         forward, else seeked to it (and True). Opening a file costs more than seeking in it,
-        so each file has one decoder; the least recently used file is closed past ``max_open``."""
-        decoder = self._open.get(path)
-        if decoder is None:
-            if len(self._open) >= self.max_open:
-                self._open.popitem(last=False)[1].close()
-            decoder = self._open[path] = _Decoder(self.av, path, self.keep)
-        self._open.move_to_end(path)
+        so each file has one decoder; the process's least recently used one is closed past
+        ``MAX_OPEN_DECODERS``."""
+        decoder = _OPEN.get((self._owner, path), lambda: _Decoder(self.av, path, self.keep))
         ahead = (first - decoder.position) * self.fps
         held = any(abs(time - first) <= self.tolerance for time in [*decoder.converted, decoder.position])
         if held or (decoder.frames is not None and 0 < ahead <= decoder.seek_cost + 1):
@@ -277,28 +273,16 @@ class VideoDecoders:
         return decoder, True
 
     def _forget(self, path: Path) -> None:
-        decoder = self._open.pop(path, None)
-        if decoder is not None:
-            decoder.close()
+        _OPEN.discard((self._owner, path))
 
     def _nearest_text(self, path: Path, time: float) -> str:
-        decoder = self._open.get(path)
+        decoder = _OPEN.peek((self._owner, path))
         seen = [*decoder.seen, *decoder.converted] if decoder is not None else []
         if not seen:
             return "no frames near it"
         nearest = min(seen, key=lambda t: abs(t - time))
         return f"nearest frame at {nearest:.4f}s"
 
-
-_POOLS: weakref.WeakSet[VideoDecoders] = weakref.WeakSet()  # every decoder pool of this process
-
-
-def _close_before_fork() -> None:
-    for pool in list(_POOLS):
-        pool.close()
-
-
-os.register_at_fork(before=_close_before_fork)
 
 
 def _within(sorted_times: np.ndarray, time: float, tolerance: float) -> range:
@@ -308,10 +292,41 @@ def _within(sorted_times: np.ndarray, time: float, tolerance: float) -> range:
     return range(lo, hi)
 
 
+class _Converter:
+    """The process's one frame converter (an FFmpeg swscale context), used for every frame of
+    every file, as ``frame.to_ndarray(format=...)`` would convert it, pixel for pixel.
+
+    ``to_ndarray(format=...)`` sets up a converter for each frame, and since PyAV 17 a pool
+    of threads for it: that costs more than converting a small frame (ten times more at
+    32×32, as much at 480×640). One thread, as the decoders: workers convert in parallel.
+    Dropped before a fork with the decoders.
+    """
+
+    def __init__(self) -> None:
+        self._reformatter: Any = None
+        self._options: dict[str, int] = {}
+
+    def to_ndarray(self, frame: Any, format: str) -> np.ndarray:
+        if self._reformatter is None:
+            import av
+            from av.video.reformatter import VideoReformatter
+
+            self._reformatter = VideoReformatter()
+            self._options = {"threads": 1} if int(av.__version__.split(".")[0]) >= 17 else {}
+        return self._reformatter.reformat(frame, format=format, **self._options).to_ndarray()
+
+    def close(self) -> None:
+        self._reformatter = None
+
+
+_CONVERTER = _Converter()
+os.register_at_fork(before=_CONVERTER.close)
+
+
 def _to_array(decoder: _Decoder, key: str, frame: Any, shape: tuple[int, ...]) -> np.ndarray:
     """uint8 ``[H, W, C]`` of a decoded frame, converted as LeRobot's PyAV reader converts it."""
     channels, height, width = shape
-    pixels = frame.to_ndarray(format=FRAME_FORMATS[channels])
+    pixels = _CONVERTER.to_ndarray(frame, FRAME_FORMATS[channels])
     pixels = pixels.reshape(pixels.shape[0], pixels.shape[1], -1)
     if pixels.shape != (height, width, channels):
         raise LeRobotDatasetError(

@@ -1,0 +1,246 @@
+"""Mixture scale: a mixture of 500 small datasets against 10 larger ones, and against one.
+
+The same 50k frames in three layouts of LeRobot v3.0 datasets (the tests' factory: state,
+action and one 96×96 video camera encoded as LeRobot records, SVT-AV1 at GOP 2; 50-frame
+episodes): a mixture of 10 members, a mixture of 500 members, and one dataset holding
+them all. ``--smoke``: 1k frames, 5 and 25 members, a 32×32 camera.
+
+Start-up and memory: ``lerobot train --dataset.mixture=<json file> --steps=2`` (default
+ACT, batch 8, 2 DataLoader workers) as a subprocess, 10 members against 500, alternating:
+the time from spawn to its first step's log line, and the peak of the summed resident
+memory of its process tree (the training process and its workers, sampled every 10 ms:
+``ru_maxrss`` would give the largest process alone). Goal: 500 members within 1.5× of
+10 for both — opening a member reads its metadata only, and each process keeps a bounded
+number of files open whatever the number of members.
+
+Throughput: samples/s of the loader ``lerobot train`` builds for the 500-member mixture
+against one dataset holding the same frames, with the random sampler and with
+``--dataset.sampler.type=episode_blocks``. As ``data``'s per-worker rows: the requests
+its sampler makes, served in this process (``--num_workers=0``, what one worker does),
+in CPU seconds, blocks alternating, after a pass over every member (column caches built,
+files in the page cache). Goal: ≥ 0.9. Random sampling draws each sample's member
+afresh, and with 500 members a process cannot keep a file of each open: most samples
+(with episode blocks, most blocks) open their member's video and data file, which the
+single dataset never does; with a camera this small, opening a video costs more than
+decoding a frame of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from _common import REPO, Context, Result, Row, alternate, clean_env, console_script, judge, paired
+
+NAME = "mixture_scale"
+BATCH = 8
+WORKERS = 2
+SCALE_GOAL = "<= 1.5"
+RATE_GOAL = ">= 0.9"
+FIRST_STEP = "step 1/2"
+MB = 1 << 20
+
+
+def _episode_frames(ctx: Context) -> int:
+    return ctx.pick(10, 50)
+
+
+def _camera(ctx: Context) -> int:
+    return ctx.pick(32, 96)
+
+
+def _datasets(ctx: Context) -> dict[str, list[Path]]:
+    """Roots of each layout, written on first use: ``few`` and ``many`` members and the ``single`` dataset."""
+    total = ctx.pick(1000, 50_000)
+    counts = {"few": ctx.pick(5, 10), "many": ctx.pick(25, 500), "single": 1}
+    sys.path.insert(0, str(REPO / "tests"))
+    from lerobot_dataset_factory import write_lerobot_dataset
+
+    os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1's banner and per-file settings: errors only
+    roots: dict[str, list[Path]] = {}
+    for layout, count in counts.items():
+        folder = ctx.workdir / NAME / f"{layout}{count}_{total}"
+        roots[layout] = [folder / f"member{n:03d}" for n in range(count)]
+        if not (folder / "complete").is_file():
+            ctx.folder(NAME, folder.name)
+            episodes = [_episode_frames(ctx)] * (total // count // _episode_frames(ctx))
+            for n, root in enumerate(roots[layout]):
+                write_lerobot_dataset(root, episodes, video=True, image_size=_camera(ctx), codec="av1", seed=n,
+                                      keep_cameras=False)
+            (folder / "complete").write_text("")
+    return roots
+
+
+def _mixture_file(ctx: Context, roots: list[Path]) -> Path:
+    path = ctx.workdir / NAME / f"mixture{len(roots)}.json"
+    members = [{"repo_id": f"bench/member{n:03d}", "root": str(root)} for n, root in enumerate(roots)]
+    path.write_text(json.dumps(members))
+    return path
+
+
+def _dataset_flags(ctx: Context, roots: list[Path]) -> list[str]:
+    if len(roots) == 1:
+        return ["--dataset.repo_id=bench/single", f"--dataset.root={roots[0]}"]
+    return [f"--dataset.mixture={_mixture_file(ctx, roots)}"]
+
+
+# ----------------------------------------------------------------------------- start-up and memory
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (the DataLoader workers), as the kernel lists them now."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as children:
+                    todo += [int(child) for child in children.read().split()]
+        except OSError:  # exited meanwhile
+            pass
+    return found
+
+
+def _rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError):
+        return 0
+
+
+def _first_step(argv: list[str], env: dict[str, str], timeout: float) -> dict[str, float]:
+    """Seconds from spawn to the first step's line, and the peak summed RSS of the process tree
+    (and the most processes seen in it) over the whole run."""
+    peak, processes, stop = [0], [0], threading.Event()
+
+    def watch(pid: int) -> None:
+        while not stop.is_set():
+            pids = _tree(pid)
+            peak[0] = max(peak[0], sum(_rss(p) for p in pids))
+            processes[0] = max(processes[0], len(pids))
+            stop.wait(0.01)
+
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    watcher = threading.Thread(target=watch, args=(proc.pid,), daemon=True)
+    watcher.start()
+    killer = threading.Timer(timeout, proc.kill)
+    killer.start()
+    seen, lines = None, []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if seen is None and FIRST_STEP in line:
+                seen = time.perf_counter() - start
+        proc.wait()
+    finally:
+        killer.cancel()
+        stop.set()
+        watcher.join()
+    if proc.returncode != 0 or seen is None:
+        output = "".join(lines)[-3000:]
+        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode} without {FIRST_STEP!r}:\n{output}")
+    return {"first_step_s": seen, "peak_rss": peak[0], "processes": processes[0]}
+
+
+def _train(ctx: Context, roots: list[Path]) -> Callable[[], dict[str, float]]:
+    runs = iter(range(1000))
+    folder = ctx.folder(NAME, f"train{len(roots)}")
+
+    def once() -> dict[str, float]:
+        argv = [console_script("lerobot"), "train", *_dataset_flags(ctx, roots), "--steps=2", "--log_freq=1",
+                f"--batch_size={BATCH}", f"--num_workers={WORKERS}", "--save_checkpoint=false",
+                f"--output_dir={folder / f'run{next(runs)}'}"]
+        return _first_step(argv, clean_env(ctx.workdir), timeout=900)
+
+    return once
+
+
+def _scale(ctx: Context, result: Result, few: list[Path], many: list[Path]) -> None:
+    runs = {len(few): _train(ctx, few), len(many): _train(ctx, many)}
+    for run in runs.values():
+        run()  # warm-up: files in the page cache, column caches of the first batches built
+    measured: dict[int, list[dict[str, float]]] = {count: [] for count in runs}
+    for rep in range(ctx.pick(1, 5)):  # A B, B A, ...: a drift of the machine's load hits both
+        for count in (len(many), len(few)) if rep % 2 == 0 else (len(few), len(many)):
+            measured[count].append(runs[count]())
+    result.details["train"] = {str(count): records for count, records in measured.items()}
+    label = f"{len(many)} vs {len(few)} members, same frames"
+    for figure, unit, scale, name in (("first_step_s", "s", 1, "time to first step"),
+                                      ("peak_rss", "MB", MB, "peak RSS, training process + workers")):
+        ours, reference = ([r[figure] / scale for r in measured[count]] for count in (len(many), len(few)))
+        stats = paired(ours, reference)
+        result.rows.append(Row(
+            f"lerobot train --dataset.mixture, {label}: {name}", stats["ours"], stats["reference"], unit,
+            stats["ratio"], SCALE_GOAL, judge(stats["ratio"], SCALE_GOAL),
+            f"ACT, batch {BATCH}, {WORKERS} workers; reference: {len(few)} members",
+        ))
+
+
+# ----------------------------------------------------------------------------- throughput
+
+
+def _loader_rate(ctx: Context, flags: list[str], samples: int, slug: str) -> Callable[[], float]:
+    """Samples per CPU-second of the requests the loader of ``flags`` makes, served in this
+    process (one worker's work), after one pass over every member."""
+    import torch
+
+    from lerobot_kit.core.config.flags import parse_train_config
+    from lerobot_kit.core.data.build import build_dataset
+    from lerobot_kit.core.data.loader import build_loader
+    from lerobot_kit.core.data.sampler import DataPosition
+
+    config = parse_train_config([*flags, f"--batch_size={BATCH}", "--num_workers=0",
+                                 f"--output_dir={ctx.folder(NAME, slug) / 'run'}"])
+    dataset = build_dataset(config)
+    for i in range(0, len(dataset), _episode_frames(ctx)):  # every member's files opened once, caches built
+        dataset[i]
+    requests = iter(build_loader(dataset, config, 1, 0, DataPosition(), torch.device("cpu")).loader)
+
+    def rate() -> float:
+        start, count = time.process_time(), 0
+        while count < samples:
+            served = next(requests)
+            count += len(served) if isinstance(served, list) else len(served["index"])
+        return count / (time.process_time() - start)
+
+    return rate
+
+
+def _throughput(ctx: Context, result: Result, many: list[Path], single: list[Path]) -> None:
+    samplers = {"random": [], "episode blocks": ["--dataset.sampler.type=episode_blocks"]}
+    samples = ctx.pick(32, 2000)
+    for label, extra in samplers.items():
+        slug = label.replace(" ", "_")
+        mixture = _loader_rate(ctx, [*_dataset_flags(ctx, many), *extra], samples, f"rate_{slug}_mixture")
+        one = _loader_rate(ctx, [*_dataset_flags(ctx, single), *extra], samples, f"rate_{slug}_single")
+        delivered, reference = alternate(ctx.pick(2, 4), mixture, one)
+        stats = paired(delivered, reference)
+        result.details[f"loader, {label}"] = {**stats, "mixture": delivered, "single": reference}
+        result.rows.append(Row(
+            f"loader, {label} sampling: {len(many)}-member mixture vs one dataset of the same frames",
+            stats["ours"], stats["reference"], "samples/s", stats["ratio"], RATE_GOAL, judge(stats["ratio"], RATE_GOAL),
+            f"one worker's work in CPU seconds; {_camera(ctx)}x{_camera(ctx)} AV1 camera, batch {BATCH}",
+        ))
+
+
+def run(ctx: Context) -> Result:
+    result = Result()
+    roots = _datasets(ctx)
+    result.details["layouts"] = {layout: len(found) for layout, found in roots.items()}
+    _throughput(ctx, result, roots["many"], roots["single"])
+    _scale(ctx, result, roots["few"], roots["many"])
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit("run through benchmarks/run.py")
