@@ -121,3 +121,19 @@ def test_inspect_and_plan_show_the_mixture(straight: Path, mixture: Path) -> Non
     plan = run_cli("plan", "--world_size=2", f"--dataset.mixture={mixture}", *PARITY_ACT, "--json")
     assert plan.returncode == 0, plan.stderr
     assert json.loads(plan.stdout)
+
+
+def test_a_bad_mixture_through_the_console_is_one_line_and_writes_nothing(tmp_path: Path, mixture: Path) -> None:
+    members = json.loads(mixture.read_text())
+    members[2]["rename_map"] = {"observation.images.side": HIGH}  # c has no such camera
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(members))
+    out = tmp_path / "run"
+    result = run_cli("train", f"--dataset.mixture={bad}", f"--output_dir={out}", "--steps=1")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: mixture member lab/c: rename_map renames 'observation.images.side', which the member lacks (it "
+        "has ['action', 'next.done', 'observation.images.high', 'observation.state']); fix the key or remove it "
+        "from rename_map"
+    ]
+    assert not out.exists()
