@@ -23,15 +23,16 @@ from lerobot_kit_lerobot.vla_loss import flow_matching_loss
 
 BRIDGE = {"pi0": LerobotPI0, "pi05": LerobotPI05, "smolvla": LerobotSmolVLA}
 BATCH = 3
+TOP = "observation.images.top"
 
 
-def lerobot_policy(kind: str, assets: Path) -> torch.nn.Module:
+def lerobot_policy(kind: str, assets: Path, cameras: tuple[str, ...] = (TOP,)) -> torch.nn.Module:
     """LeRobot's policy, built by its own constructor at the tests' reduced size."""
     sizes = {"vlm_model_name": str(assets / "smolvlm"), "num_vlm_layers": 4, "resize_imgs_with_padding": (64, 64),
              "expert_width_multiplier": 0.5} if kind == "smolvla" else {"image_resolution": (64, 64)}
     config = make_policy_config(kind, chunk_size=4, n_action_steps=4, max_state_dim=8, max_action_dim=8,
                                 tokenizer_max_length=12, device="cpu", **sizes)
-    config.input_features = {"observation.images.top": PolicyFeature(FeatureType.VISUAL, (3, 48, 64)),
+    config.input_features = {**{camera: PolicyFeature(FeatureType.VISUAL, (3, 48, 64)) for camera in cameras},
                              "observation.state": PolicyFeature(FeatureType.STATE, (3,))}
     config.output_features = {"action": PolicyFeature(FeatureType.ACTION, (3,))}
     torch.manual_seed(0)
@@ -39,10 +40,10 @@ def lerobot_policy(kind: str, assets: Path) -> torch.nn.Module:
         return get_policy_class(kind)(config=config)
 
 
-def batch() -> dict[str, torch.Tensor]:
+def batch(cameras: tuple[str, ...] = (TOP,)) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(1)
     return {
-        "observation.images.top": torch.rand(BATCH, 3, 48, 64, generator=gen),
+        **{camera: torch.rand(BATCH, 3, 48, 64, generator=gen) for camera in cameras},
         "observation.state": torch.randn(BATCH, 3, generator=gen),
         "action": torch.randn(BATCH, 4, 3, generator=gen),
         "action_is_pad": torch.tensor([[False] * 4, [False, False, True, True], [False] * 4]),
@@ -87,7 +88,7 @@ def test_the_bridges_loss_is_lerobots(kind: str, vla_assets: Path) -> None:
     for ours in (False, True):
         policy = lerobot_policy(kind, vla_assets)
         torch.manual_seed(7)
-        loss = flow_matching_loss(policy, batch()) if ours else policy.forward(batch())[0]
+        loss = flow_matching_loss(policy, batch())[0] if ours else policy.forward(batch())[0]
         loss.backward()
         results.append((loss.detach(), {n: p.grad for n, p in policy.named_parameters() if p.grad is not None}))
     (theirs, their_grads), (loss, grads) = results
@@ -233,13 +234,13 @@ def test_joint_layers_compile_to_one_graph_for_all_pairs(kind: str, graphs: int,
     policy = lerobot_policy(kind, vla_assets)
     install(kind, policy)
     torch.manual_seed(5)  # the same noise and time draws for both losses
-    eager = flow_matching_loss(policy, batch())
+    eager, _ = flow_matching_loss(policy, batch())
     torch._dynamo.reset()
     counters.clear()
     for layer in joint_layers(kind, policy):
         setattr(layer, joint.JOINT_METHOD, torch.compile(getattr(layer, joint.JOINT_METHOD), backend="eager"))
     torch.manual_seed(5)
-    torch.testing.assert_close(flow_matching_loss(policy, batch()), eager, rtol=0, atol=0)
+    torch.testing.assert_close(flow_matching_loss(policy, batch())[0], eager, rtol=0, atol=0)
     assert counters["stats"]["unique_graphs"] == graphs, dict(counters["stats"])
     assert not counters["graph_break"], dict(counters["graph_break"])
 

@@ -29,14 +29,23 @@ from lerobot.policies.factory import get_policy_class, make_pre_post_processors
 from lerobot.policies.pretrained import PreTrainedPolicy
 from torch import Tensor
 
-from lerobot_kit.api import ConfigError, DatasetMeta, PluginError, Policy, PolicyProcessor, UnitGroup
-from lerobot_kit_lerobot import joint
+from lerobot_kit.api import (
+    PER_SAMPLE_LOSS,
+    ConfigError,
+    DatasetMeta,
+    PluginError,
+    Policy,
+    PolicyProcessor,
+    UnitGroup,
+)
+from lerobot_kit_lerobot import camera_masks, joint
 from lerobot_kit_lerobot.configuration import LerobotPolicyConfig
 from lerobot_kit_lerobot.flow_noise import PerSampleDraws
 from lerobot_kit_lerobot.language_tokens import check_token_ids
 from lerobot_kit_lerobot.pi_overrides import modeling_module, pi_sizes, pi_tokenizer
 from lerobot_kit_lerobot.lerobot_config import to_lerobot_config
 from lerobot_kit_lerobot.processors import LerobotProcessor
+from lerobot_kit_lerobot.sample_losses import act_forward, diffusion_forward
 from lerobot_kit_lerobot.schema_gen import check_schema
 from lerobot_kit_lerobot.smolvlm_shipped import shipped_vlm
 from lerobot_kit_lerobot.vla_loss import flow_matching_loss
@@ -127,10 +136,19 @@ class LerobotPolicy(Policy):
 
     def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         """LeRobot's loss and its scalar metrics; its ``loss`` entry is left out, because the
-        run logs the loss it trains on (weighted across ranks where ``loss_weight`` says so)."""
-        loss, logs = self.lerobot.forward(batch)
+        run logs the loss it trains on (weighted across ranks where ``loss_weight`` says so).
+        Each sample's loss too, where the type has one (``lerobot_forward``)."""
+        loss, logs, per_sample = self.lerobot_forward(batch)
         metrics = {name: value for name, value in (logs or {}).items() if name != "loss" and _scalar(value)}
-        return loss, {name: torch.as_tensor(value).detach() for name, value in metrics.items()}
+        metrics = {name: torch.as_tensor(value).detach() for name, value in metrics.items()}
+        if per_sample is not None:
+            metrics[PER_SAMPLE_LOSS] = per_sample.detach()
+        return loss, metrics
+
+    def lerobot_forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Any] | None, Tensor | None]:
+        """LeRobot's ``forward`` (loss and logs) and each sample's loss (None: not known)."""
+        loss, logs = self.lerobot.forward(batch)
+        return loss, logs, None
 
     @torch.no_grad()
     def predict_action_chunk(self, batch: dict[str, Tensor]) -> Tensor:
@@ -193,6 +211,9 @@ class LerobotACT(LerobotPolicy):
     # nn.MultiheadAttention's fused projections, which LoRA does not reach).
     default_peft_targets = ["linear1", "linear2"]
 
+    def lerobot_forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Any] | None, Tensor | None]:
+        return act_forward(self.lerobot, batch)
+
     def loss_weight(self, batch: dict[str, Tensor]) -> Tensor | None:
         """LeRobot's ACT divides its L1 loss by the valid action entries of the batch it
         sees, so data-parallel ranks are weighted by theirs: the run's loss is the masked
@@ -206,6 +227,9 @@ class LerobotDiffusion(LerobotPolicy):
     lerobot_type = "diffusion"
     _fsdp_wrap_modules = ["DiffusionConditionalResidualBlock1d"]
     default_peft_targets = ["cond_encoder.1"]
+
+    def lerobot_forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Any] | None, Tensor | None]:
+        return diffusion_forward(self.lerobot, batch)
 
     def loss_weight(self, batch: dict[str, Tensor]) -> Tensor | None:
         """Diffusion's loss is a masked mean only with ``do_mask_loss_for_padding``; then
@@ -223,10 +247,16 @@ class LerobotVLA(LerobotPolicy):
     language-model heads units by path; what remains in the root is small (projections,
     norms, the vision embeddings). Flow-matching noise and time are drawn per sample
     (``flow_noise``), so training does not depend on how the batch is split.
+
+    Mixtures: a camera some members lack is masked per sample (``camera_masks``), and
+    vectors the mixture zero-padded to its widest member are padded further by LeRobot's
+    own ``pad_vector``, to ``max_state_dim`` / ``max_action_dim``.
     """
 
     builds_on_meta = True
     reads_task = True
+    accepts_missing_cameras = True
+    pads_vectors = True
     # Whether LeRobot's model projects the state vector, zero-padded to max_state_dim (π0,
     # SmolVLA); π0.5 writes the state into the prompt instead.
     projects_state: ClassVar[bool] = True
@@ -234,6 +264,7 @@ class LerobotVLA(LerobotPolicy):
     def __init__(self, config: LerobotPolicyConfig, meta: DatasetMeta) -> None:
         super().__init__(config, meta)
         self.install_joint()
+        camera_masks.install(self.lerobot)
         self.draws = PerSampleDraws(self.lerobot.model, seed=torch.initial_seed())
         self.tokens_checked = False
 
@@ -275,14 +306,16 @@ class LerobotVLA(LerobotPolicy):
             return super().make_processors(config, meta)
 
     def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-        """LeRobot's loss, without the metrics its forward reads back to the host (``vla_loss``).
-        The first batch's token ids are checked against the vocabulary (see ``language_tokens``)."""
+        """LeRobot's loss and each sample's, without the metrics its forward reads back to the
+        host (``vla_loss``). The first batch's token ids are checked against the vocabulary
+        (see ``language_tokens``)."""
         if not self.tokens_checked:
             flag = f"--policy.{self.files_flag}={getattr(self.config, self.files_flag)}"
             check_token_ids(batch, self.token_embedding().num_embeddings, flag)
             self.tokens_checked = True
         with self.draws.for_batch(batch) if self.training else contextlib.nullcontext():
-            return flow_matching_loss(self.lerobot, batch), {}
+            loss, per_sample = flow_matching_loss(self.lerobot, batch)
+        return loss, {PER_SAMPLE_LOSS: per_sample.detach()}
 
 
 def check_padded_widths(config: LerobotPolicyConfig, meta: DatasetMeta, projects_state: bool) -> None:

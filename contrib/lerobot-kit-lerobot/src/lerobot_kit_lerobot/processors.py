@@ -6,9 +6,11 @@ each checkpoint's ``pretrained_model/`` under the names ``policy_preprocessor`` 
 ``save_pretrained`` therefore writes exactly the files LeRobot's
 ``make_pre_post_processors(config, pretrained_path=...)`` loads.
 
-LeRobot's pipelines keep only the batch keys LeRobot knows; the epoch lerobot-kit's
-training loader adds to a batch is carried past them, for the per-sample draws
-(``flow_noise``). A language-conditioned policy's preprocessor refuses a batch without
+LeRobot's pipelines keep only the batch keys LeRobot knows. What lerobot-kit's training
+loader adds and the bridge reads after the pipeline is carried past it unchanged: the
+epoch, for the per-sample draws (``flow_noise``); a mixture sample's member, for the
+per-member metrics; its missing cameras' flags (``missing_key``), for the camera masks
+(``camera_masks``). A language-conditioned policy's preprocessor refuses a batch without
 task text in one line (LeRobot's tokenizer step would fail with a bare ``ValueError``).
 """
 
@@ -19,9 +21,15 @@ from typing import Any
 
 from lerobot.processor import PolicyProcessorPipeline
 
-from lerobot_kit.api import EPOCH_KEY, ConfigError, PolicyProcessor
+from lerobot_kit.api import EPOCH_KEY, MEMBER_KEY, ConfigError, PolicyProcessor, missing_key
 
 TASK_KEY = "task"
+MISSING_SUFFIX = missing_key("")
+
+
+def carried_keys(batch: dict[str, Any]) -> list[str]:
+    """The keys of ``batch`` that lerobot-kit's loader added and its policies read after the pipeline."""
+    return [key for key in batch if key in (EPOCH_KEY, MEMBER_KEY) or key.endswith(MISSING_SUFFIX)]
 
 
 class LerobotProcessor(PolicyProcessor):
@@ -43,8 +51,8 @@ class LerobotProcessor(PolicyProcessor):
                 "meta/tasks.parquet, or frames without a task_index): give it its tasks as LeRobot records them"
             )
         processed = self.pipeline(batch)
-        if isinstance(batch, dict) and EPOCH_KEY in batch and isinstance(processed, dict):
-            processed[EPOCH_KEY] = batch[EPOCH_KEY]
+        if isinstance(batch, dict) and isinstance(processed, dict):
+            processed.update({key: batch[key] for key in carried_keys(batch)})
         return processed
 
     def save(self, directory: Path, name: str) -> None:
