@@ -55,6 +55,11 @@ class LaunchEnv:
     # The rendezvous store is hosted by the launcher's agent, which outlives the workers
     # (torchrun), rather than by rank 0.
     agent_store: bool = False
+    # The process's parent is the launcher itself (torchrun's agent, slurmstepd), whose death
+    # leaves the process an orphan that nobody will stop or restart: it then stops at the next
+    # step boundary with a checkpoint (``core.run.launcher_watch``). False for a plain process,
+    # whose parent is a shell that may end (``nohup``) while the run should go on.
+    parent_is_launcher: bool = False
 
 
 class Launcher:

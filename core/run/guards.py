@@ -7,7 +7,8 @@ the hang watchdog (``watchdog``) and, in tests only, fault injection (``fault_in
 So the loop stays one straight path, and each concern is a module of its own.
 
 ``guarded_run`` wraps the whole of ``train``: its stop handlers are installed at the first
-line of start-up, and the process's exit code is the one the run ended with.
+line of start-up, with the watch on the launcher's life (``launcher_watch``), and the
+process's exit code is the one the run ended with.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 from lerobot_kit.core.checkpoint.disk_space import DiskFullError
 from lerobot_kit.core.checkpoint.write_failures import CheckpointWriteError
 from lerobot_kit.core.run import fault_injection
+from lerobot_kit.core.run.launcher_watch import LauncherWatch
 from lerobot_kit.core.run.nonfinite import NonFiniteError
 from lerobot_kit.core.run.output_failures import OutputFailures, OutputWriteError
 from lerobot_kit.core.run.preemption import (
@@ -50,6 +52,7 @@ def guarded_run(train: Callable[[TrainConfig], Result]) -> Callable[[TrainConfig
 
     During start-up a stop signal ends the run at once with ``RunStopped`` (exit code 75,
     as a stop at a step boundary); ``RunGuards`` takes the same handlers over for the loop.
+    A rank that a launcher started stops the same way when that launcher dies.
     A run that ends on a stop or on an error every rank agreed on has only its exit left:
     from there on signals are ignored (``RunGuards.finish``), so that every rank exits with
     the run's code — torchrun signals the ranks still exiting as soon as one has exited.
@@ -59,8 +62,15 @@ def guarded_run(train: Callable[[TrainConfig], Result]) -> Callable[[TrainConfig
     def run(config: TrainConfig) -> Result:
         requests = StopSignals(config.preemption, starting=True)
         requests.install()
+        # A rank whose launcher dies stops as on a stop signal (``launcher_watch``); the watch
+        # ends before the handlers do, so its signal never meets the default ones.
+        watch = LauncherWatch.start_if_launched(requests)
         try:
-            result = train(config)
+            try:
+                result = train(config)
+            finally:
+                if watch is not None:
+                    watch.close()
         except StartupStopped as exc:
             requests.ignore()
             raise startup_stopped(exc.signal) from exc

@@ -15,24 +15,39 @@ that makes each record unique; its modification time is the holder's heartbeat,
 refreshed by a thread every ``HEARTBEAT_S`` seconds.
 
 A lock is stale, and is taken over, when its holder is gone: its process is dead on this
-host (same host name and pid namespace), or its heartbeat is older than
-``STALE_AFTER_S`` (a holder on another host, whose pid means nothing here), or it was an
-earlier attempt of this same torchrun launch, which torchrun stops before it starts the
-next. A restart (torchrun, a SLURM requeue) that meets a live lock waits up to
+host (same host name and pid namespace; a pid since reused by another process counts as
+dead, told apart by its start time), or it was an earlier attempt of this same torchrun
+launch, which torchrun stops before it starts the next, or, for a holder whose process
+cannot be checked from here (another host, another pid namespace), its heartbeat is older
+than ``STALE_AFTER_S``. A holder whose process is alive on this host is never taken
+over, however old its heartbeat: a run stopped by SIGSTOP, a debugger or a swapped-out
+node stops beating, and would otherwise wake to find a second run writing its step
+folders. A restart (torchrun, a SLURM requeue) that meets a live lock waits up to
 ``STALE_AFTER_S`` for it to go stale, since a predecessor that died on another host keeps
-a fresh heartbeat for that long; a fresh start is refused at once. Taking over is
-serialised by a second file, ``.lerobot-kit.lock.takeover``, also made with ``O_EXCL``:
-of several runs that found the same stale lock, one removes it, and the new lock is
-then created with ``O_EXCL`` again, so exactly one of them wins.
+a fresh heartbeat for that long; so does a ``--resume=auto`` start (a scheduler's rerun,
+a restarted Kubernetes pod, whose new pid namespace cannot see its predecessor's pid)
+when the holder cannot be checked from here; any other start is refused at once. Taking
+over is serialised by a second file, ``.lerobot-kit.lock.takeover``, also made with
+``O_EXCL``: of several runs that found the same stale lock, one removes it, and the new
+lock is then created with ``O_EXCL`` again, so exactly one of them wins.
+
+Both files are regular files that a run wrote; anything else at their paths (a
+directory, a named pipe, a symbolic link, a file this user cannot read) ends the start
+at once with one line naming it and the fix: opening a named pipe would block forever,
+and a dangling link reads as "no lock" while ``O_EXCL`` still finds it, which would spin.
+Every wait says once what it waits for and for how long.
 """
 
 from __future__ import annotations
 
 import datetime
+import errno
 import json
 import logging
 import os
+import shlex
 import socket
+import stat
 import threading
 import time
 import uuid
@@ -52,12 +67,31 @@ ABANDONED_TAKEOVER_S = STALE_AFTER_S
 # A lock file is written right after it is created: one this young and unreadable is being written.
 BEING_WRITTEN_S = 5.0
 POLL_S = 1.0
+# A holder's record is a few hundred bytes; more than this is not a record.
+MAX_RECORD_BYTES = 1 << 16
 
 logger = logging.getLogger("lerobot_kit")
 
 
 class OutputLockedError(LerobotError):
     """Another live run holds the output folder (exit code 1: nothing was written)."""
+
+
+class LockPathError(LerobotError):
+    """The lock or its takeover marker is not a regular file this process can read (exit code 1).
+
+    ``what`` says what is there instead ("a directory", "a named pipe (FIFO)", ...).
+    """
+
+    what = "something else"
+
+    @classmethod
+    def at(cls, path: Path, what: str, fix: str) -> LockPathError:
+        role = "lock" if path.name == LOCK_FILE else "lock's takeover marker"
+        error = cls(f"the {role} of --output_dir={path.parent}, {path}, is {what}, not a file a run wrote, so no run "
+                    f"can hold the folder while it is there: {fix}. Nothing was written")
+        error.what = what  # kept by pickling (the error reaches the other ranks so)
+        return error
 
 
 @dataclass(frozen=True)
@@ -70,18 +104,20 @@ class Claimant:
     launch: str | None  # one torchrun launch (rendezvous id, SLURM job and requeue), else None
     attempt: int  # torchrun's restart count within that launch
     restarting: bool  # a restart of the run by its launcher (torchrun or SLURM)
+    rerun: bool = False  # a --resume=auto start: a scheduler's rerun of the same command
 
     @classmethod
-    def current(cls, restarting: bool, env: Mapping[str, str] = os.environ) -> Claimant:
+    def current(cls, restarting: bool, env: Mapping[str, str] = os.environ, *, rerun: bool = False) -> Claimant:
         launch = _torchrun_launch(env)
         attempt = env_int(env, "TORCHELASTIC_RESTART_COUNT", 0) if launch is not None else 0
-        return cls(socket.gethostname(), _pid_space(), os.getpid(), launch, attempt, restarting)
+        return cls(socket.gethostname(), _pid_space(), os.getpid(), launch, attempt, restarting, rerun)
 
     def record(self) -> bytes:
         started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
         return json.dumps({
             "host": self.host, "pid": self.pid, "started": started, "pid_space": self.pid_space,
-            "torchrun_launch": self.launch, "torchrun_attempt": self.attempt, "token": uuid.uuid4().hex,
+            "pid_start_ticks": _start_ticks(self.pid), "torchrun_launch": self.launch,
+            "torchrun_attempt": self.attempt, "token": uuid.uuid4().hex,
         }, indent=1).encode()
 
 
@@ -108,6 +144,21 @@ def _pid_space() -> str:
         return ""
 
 
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` from the state on (field 3 is index 0); None if unreadable."""
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat_line.rpartition(")")[2].split()
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot: with the pid, it names one process."""
+    fields = _proc_stat(pid)
+    return int(fields[19]) if fields is not None and len(fields) > 19 and fields[19].isdigit() else None
+
+
 @dataclass(frozen=True)
 class Holder:
     """A lock file as found: its bytes, its holder's record (None if unreadable) and heartbeat age."""
@@ -129,31 +180,101 @@ class Holder:
             return "a holder whose lock file is unreadable (being written, or damaged)"
         return f"host {self.field('host')}, pid {self.field('pid')}, started {self.field('started')}"
 
+    def checkable_by(self, me: Claimant) -> bool:
+        """Whether ``me`` can tell if this holder's process is alive: same host, boot and pid namespace."""
+        return (self.pid is not None and bool(me.pid_space) and self.field("host") == me.host
+                and self.field("pid_space") == me.pid_space)
+
 
 def read_holder(path: Path) -> Holder | None:
-    """The lock at ``path``, or None when there is none."""
+    """The lock at ``path``, or None when there is none. ``LockPathError`` when something
+    other than a regular file is there, or one this process may not read."""
+    _refuse_unless_regular(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
-        with open(path, "rb") as file:
-            raw = file.read()
-            mtime = os.fstat(file.fileno()).st_mtime
+        fd = os.open(path, flags)  # not blocking, not following: replaced since the look above
     except FileNotFoundError:
         return None
+    except PermissionError as exc:
+        what = f"a file this user may not read ({exc.strerror}, errno {errno.errorcode.get(exc.errno, exc.errno)})"
+        raise LockPathError.at(path, what, _unreadable_fix(path)) from exc
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        _refuse_unless_regular(path)
+        return None  # replaced by a link and removed again: look afresh
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise LockPathError.at(path, _kind(info.st_mode), _removal_fix(path, info.st_mode))
+        raw = os.read(fd, MAX_RECORD_BYTES)
+    finally:
+        os.close(fd)
     try:
         record = json.loads(raw)
     except (ValueError, RecursionError):  # being written, damaged, or not JSON at all
         record = None
     if not isinstance(record, dict) or not isinstance(record.get("host"), str):
         record = None
-    return Holder(raw, record, time.time() - mtime)
+    return Holder(raw, record, time.time() - info.st_mtime)
+
+
+def _refuse_unless_regular(path: Path) -> None:
+    """Raise ``LockPathError`` when ``path`` exists and is not a regular file (a link is not one)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(info.st_mode):
+        return
+    what = _kind(info.st_mode)
+    if stat.S_ISLNK(info.st_mode):
+        what = f"a symbolic link to {_link_target(path)}"
+    raise LockPathError.at(path, what, _removal_fix(path, info.st_mode))
+
+
+def _link_target(path: Path) -> str:
+    """Where the link ``path`` points, and whether that is nowhere."""
+    try:
+        target = os.readlink(path)
+    except OSError as exc:  # removed or replaced since it was seen
+        return f"somewhere ({os_error_line(exc)})"
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return f"{target}, which does not exist"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"{target}, which loops"
+        return f"{target} ({os_error_line(exc)})"
+    return target
+
+
+def _kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISLNK, "a symbolic link"))
+    return next((what for test, what in kinds if test(mode)), f"a file of type {stat.S_IFMT(mode):o}")
+
+
+def _removal_fix(path: Path, mode: int) -> str:
+    remove = "rm -r" if stat.S_ISDIR(mode) else "rm"
+    return f"remove it ({remove} {shlex.quote(str(path))}), then start the run again"
+
+
+def _unreadable_fix(path: Path) -> str:
+    return (f"if another user's run holds the folder, pass another --output_dir; otherwise remove it "
+            f"(rm {shlex.quote(str(path))}) or let this user read it, then start the run again")
 
 
 def why_stale(holder: Holder, me: Claimant) -> str | None:
     """Why ``holder``'s run is over, or None while it may still be running."""
     pid = holder.pid
-    same_pids = bool(me.pid_space) and holder.field("host") == me.host and holder.field("pid_space") == me.pid_space
-    # A pid equal to ours was a process before us: this one holds no lock yet.
-    if pid is not None and same_pids and (pid == me.pid or not _alive(pid)):
-        return f"its process {pid} is gone"
+    if pid is not None and holder.checkable_by(me):
+        # A pid equal to ours was a process before us: this one holds no lock yet.
+        if pid == me.pid or not _alive(pid, holder.field("pid_start_ticks")):
+            return f"its process {pid} is gone"
+        return None  # alive here: however old its heartbeat (stopped, traced), only its end frees the lock
     attempt = holder.field("torchrun_attempt")
     if (me.launch is not None and holder.field("torchrun_launch") == me.launch and isinstance(attempt, int)
             and attempt < me.attempt):
@@ -163,23 +284,27 @@ def why_stale(holder: Holder, me: Claimant) -> str | None:
     return None
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, start_ticks: object = None) -> bool:
+    """Whether ``pid`` runs: exists, is no zombie, and (when known) is the process that started at ``start_ticks``."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process
+        pass
+    fields = _proc_stat(pid)
+    if fields is None:
         return True
-    return not _zombie(pid)
-
-
-def _zombie(pid: int) -> bool:
-    """A killed process its parent has not reaped yet: exists, but runs nothing."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+    if fields[:1] == ["Z"]:  # killed, not yet reaped by its parent: exists, but runs nothing
         return False
-    return stat.rpartition(")")[2].split()[:1] == ["Z"]
+    # Another process given the same pid since: a different start time.
+    return not isinstance(start_ticks, int) or len(fields) <= 19 or fields[19] == str(start_ticks)
+
+
+def _stopped(pid: int) -> bool:
+    """Stopped by a signal (SIGSTOP, SIGTSTP) or by a debugger: alive, but running nothing."""
+    fields = _proc_stat(pid)
+    return fields is not None and fields[:1] in (["T"], ["t"])
 
 
 class OutputLock:
@@ -198,7 +323,8 @@ class OutputLock:
         return self._path
 
     def acquire(self, output_dir: Path) -> None:
-        """Hold ``output_dir`` (created if missing) or raise ``OutputLockedError`` naming its holder."""
+        """Hold ``output_dir`` (created if missing) or raise ``OutputLockedError`` naming its holder
+        (``LockPathError`` when something other than a lock is in the way)."""
         assert self._path is None, "the lock is already held"
         path = output_dir / LOCK_FILE
         self._created = _make_dirs(output_dir)
@@ -214,27 +340,49 @@ class OutputLock:
 
     def _wait_for(self, path: Path, raw: bytes) -> None:
         """Create the lock, taking over stale ones; a restart waits for a live holder to go stale."""
-        deadline = time.monotonic() + (STALE_AFTER_S if self._me.restarting else 0.0)
-        announced = False
+        marker = path.with_name(path.name + TAKEOVER_SUFFIX)
+        _refuse_unless_regular(marker)
+        waits = _Waits()
+        deadline: float | None = None
         while not _create(path, raw):
             holder = read_holder(path)
             if holder is None:  # released between our attempt and our look
                 continue
             if holder.record is None and holder.age_s < BEING_WRITTEN_S:  # look again once it is written
+                waits.say("written", f"the lock {path} is being written by the run that created it; waiting up to "
+                                     f"{BEING_WRITTEN_S - holder.age_s:.0f} s for its holder's record")
                 time.sleep(0.05)
                 continue
             stale = why_stale(holder, self._me)
             if stale is not None:
-                if _remove_stale(path, holder):
+                taken = _remove_stale(path, holder, marker)
+                if taken is True:
                     logger.info(f"took over the lock {path} of a run that is over ({holder.describe()}): {stale}")
+                elif taken is not False:
+                    waits.say("takeover", (
+                        f"the lock {path} is stale ({stale}), and another run is taking it over ({marker} is "
+                        f"{taken:.0f} s old); waiting up to {max(ABANDONED_TAKEOVER_S - taken, 0):.0f} s for it to "
+                        f"finish, after which the marker counts as left by a run killed mid-takeover and is removed"))
+                    time.sleep(0.05)
                 continue
+            if deadline is None:
+                # Past the last poll that could see the heartbeat turn stale.
+                deadline = time.monotonic() + (STALE_AFTER_S + 2 * POLL_S if self._waits_for(holder) else 0.0)
             if time.monotonic() >= deadline:
-                raise OutputLockedError(_refusal(path, holder))
-            if not announced:
-                logger.info(f"restart: {path.parent} is locked by {holder.describe()}; waiting up to "
-                            f"{STALE_AFTER_S:.0f} s for that run to end or its heartbeat to stop")
-                announced = True
+                raise OutputLockedError(_refusal(path, holder, self._me))
+            waits.say("holder", (
+                f"{'restart' if self._me.restarting else '--resume=auto'}: {path.parent} is locked by "
+                f"{holder.describe()}; waiting up to {STALE_AFTER_S:.0f} s for that run to end or its heartbeat to "
+                "stop"))
             time.sleep(POLL_S)
+
+    def _waits_for(self, holder: Holder) -> bool:
+        """Whether to wait for a live-looking holder to end or go stale, rather than refuse at once.
+
+        A restart waits, as its predecessor may have died where its heartbeat is the only
+        sign of it; a ``--resume=auto`` rerun waits only for a holder it cannot check (on
+        this host a live pid is a live run, and a second run beside it is a mistake)."""
+        return self._me.restarting or (self._me.rerun and not holder.checkable_by(self._me))
 
     def release(self) -> None:
         """Stop the heartbeat and remove the lock if it is still ours; folders it created and left empty go too."""
@@ -242,7 +390,10 @@ class OutputLock:
             self._heartbeat.stop()
             self._heartbeat = None
         if self._path is not None:
-            holder = read_holder(self._path)
+            try:
+                holder = read_holder(self._path)
+            except LockPathError:  # replaced by something else: not ours to remove
+                holder = None
             if holder is not None and holder.raw == self._raw:
                 try:
                     self._path.unlink(missing_ok=True)
@@ -260,6 +411,18 @@ class OutputLock:
             except OSError:
                 break
         self._created = []
+
+
+class _Waits:
+    """One log line per kind of wait, the first time it happens."""
+
+    def __init__(self) -> None:
+        self._said: set[str] = set()
+
+    def say(self, kind: str, line: str) -> None:
+        if kind not in self._said:
+            self._said.add(kind)
+            logger.info(line)
 
 
 def _make_dirs(output_dir: Path) -> list[Path]:
@@ -293,19 +456,18 @@ def _create(path: Path, raw: bytes) -> bool:
     return True
 
 
-def _remove_stale(path: Path, holder: Holder) -> bool:
+def _remove_stale(path: Path, holder: Holder, marker: Path) -> bool | float:
     """Remove the lock ``holder`` was read from, unless another contender got there first.
 
-    Only the process that created the takeover marker may remove a stale lock, and only
-    while the lock is still the one it judged stale; everyone then races on ``O_EXCL``.
+    Only the process that created the takeover ``marker`` may remove a stale lock, and
+    only while the lock is still the one it judged stale; everyone then races on
+    ``O_EXCL``. True: removed; False: the lock changed meanwhile; a number: another
+    contender's marker is in the way, and is that many seconds old.
     """
-    marker = path.with_name(path.name + TAKEOVER_SUFFIX)
     try:
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
-        _clear_abandoned(marker)
-        time.sleep(0.05)
-        return False
+        return _busy_marker(marker)
     os.close(fd)
     try:
         current = read_holder(path)
@@ -317,21 +479,33 @@ def _remove_stale(path: Path, holder: Holder) -> bool:
         marker.unlink(missing_ok=True)
 
 
-def _clear_abandoned(marker: Path) -> None:
+def _busy_marker(marker: Path) -> bool | float:
+    """Another contender's takeover marker: its age, or False once it is gone or was abandoned and removed."""
+    _refuse_unless_regular(marker)
     try:
-        if time.time() - marker.stat().st_mtime > ABANDONED_TAKEOVER_S:
+        age = time.time() - os.lstat(marker).st_mtime
+        if age > ABANDONED_TAKEOVER_S:
             marker.unlink(missing_ok=True)
+            return False
     except FileNotFoundError:
-        pass
+        return False
+    return max(age, 0.0)
 
 
-def _refusal(path: Path, holder: Holder) -> str:
+def _refusal(path: Path, holder: Holder, me: Claimant) -> str:
+    heartbeat = f"its lock {path} was refreshed {max(holder.age_s, 0.0):.0f} s ago"
+    wait = "wait for that run to end"
+    if holder.pid is not None and holder.checkable_by(me) and holder.age_s > STALE_AFTER_S:
+        stopped = _stopped(holder.pid)
+        state = "stopped (SIGSTOP, or a debugger)" if stopped else "alive"
+        heartbeat += f", but its process is {state} on this host, and a live process keeps its lock however old"
+        if stopped:
+            wait = f"let that run go on (kill -CONT {holder.pid}) and end"
     return (
-        f"--output_dir={path.parent} is in use by another run ({holder.describe()}; its lock {path} was refreshed "
-        f"{max(holder.age_s, 0.0):.0f} s ago), and two runs writing one folder would mix their checkpoints: "
-        "wait for that run to end, or pass another --output_dir; if that run is dead, remove the lock file "
-        f"(a lock is taken over by itself once its process is gone on this host or its heartbeat is "
-        f"{STALE_AFTER_S:.0f} s old). Nothing was written"
+        f"--output_dir={path.parent} is in use by another run ({holder.describe()}; {heartbeat}), and two runs "
+        f"writing one folder would mix their checkpoints: {wait}, or pass another --output_dir; if that run is "
+        "dead, remove the lock file (a lock is taken over by itself once its process is gone on this host or, "
+        f"held from another host, its heartbeat is {STALE_AFTER_S:.0f} s old). Nothing was written"
     )
 
 
@@ -353,13 +527,17 @@ class _Heartbeat(threading.Thread):
 
     def _beat(self) -> bool:
         try:
-            holder = read_holder(self._path)
+            try:
+                holder = read_holder(self._path)
+            except LockPathError as exc:
+                return self._lost(f"replaced by {exc.what}")
             if holder is None or holder.raw != self._raw:
-                taker = "removed" if holder is None else f"taken over by {holder.describe()}"
-                logger.error(f"error: the lock {self._path} of this run was {taker}: another run may now write "
-                             "this folder too")
-                return False
+                return self._lost("removed" if holder is None else f"taken over by {holder.describe()}")
             os.utime(self._path)
         except OSError as exc:  # a passing file-system error: the next beat tries again
             logger.warning(f"warning: could not refresh the lock {self._path}: {exc}")
         return True
+
+    def _lost(self, how: str) -> bool:
+        logger.error(f"error: the lock {self._path} of this run was {how}: another run may now write this folder too")
+        return False

@@ -72,7 +72,7 @@ def train(config: TrainConfig) -> TrainResult:
     # The main process locks the output folder as soon as the spec has chosen it and holds it
     # until the run has ended, however it ends (kill -9 aside: a later run takes a dead run's
     # lock over); the other ranks are part of its run and never touch it.
-    lock = OutputLock(Claimant.current(restarting=ctx.restart_count >= 1))
+    lock = OutputLock(Claimant.current(restarting=ctx.restart_count >= 1, rerun=config.resume == "auto"))
     try:
         return _train_and_publish(config, ctx, lock)
     finally:

@@ -1,4 +1,4 @@
-"""Built-in launchers: torchrun/elastic, accelerate launch, SLURM srun, a plain process."""
+"""Built-in launchers: torchrun/elastic, accelerate launch, SLURM srun, a Kubeflow PyTorchJob pod, a plain process."""
 
 from __future__ import annotations
 
@@ -12,4 +12,5 @@ def lerobot_register_launchers(register: Callable[..., None]) -> None:
     register("torchrun", "lerobot_kit.plugins.launchers.builtin:TorchrunLauncher")
     register("accelerate", "lerobot_kit.plugins.launchers.builtin:AccelerateLauncher")
     register("slurm", "lerobot_kit.plugins.launchers.builtin:SlurmLauncher")
+    register("pytorchjob", "lerobot_kit.plugins.launchers.builtin:PyTorchJobLauncher")
     register("single", "lerobot_kit.plugins.launchers.builtin:SingleProcessLauncher")

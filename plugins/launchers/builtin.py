@@ -1,4 +1,4 @@
-"""The built-in launchers: torchrun/elastic, accelerate launch, SLURM srun, a plain process.
+"""The built-in launchers: torchrun/elastic, accelerate launch, SLURM srun, a Kubeflow PyTorchJob pod, a plain process.
 
 The contract they implement (and plugin launchers too) is ``lerobot_kit.api.Launcher``.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import ClassVar
 
 from lerobot_kit.api import DEFAULT_MASTER_PORT, ConfigError, LaunchEnv, Launcher, env_int
 
@@ -36,6 +37,7 @@ def _torch_style(env: Mapping[str, str], source: str, cpu: bool = False) -> Laun
             restart_count=env_int(env, "TORCHELASTIC_RESTART_COUNT", 0) + _slurm_restarts(env),
             max_restarts=env_int(env, "TORCHELASTIC_MAX_RESTARTS", 0),
             agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+            parent_is_launcher="TORCHELASTIC_RUN_ID" in env,  # torch elastic's agent started this process
         ),
         source,
     )
@@ -142,8 +144,50 @@ class SlurmLauncher(Launcher):
                 master_addr=addr,
                 master_port=port,
                 restart_count=_slurm_restarts(env),
+                parent_is_launcher=True,  # slurmstepd
             ),
             "srun",
+        )
+
+
+class PyTorchJobLauncher(Launcher):
+    """A pod of a Kubeflow PyTorchJob whose container runs ``lerobot train`` itself: one process per pod.
+
+    The training operator (v1.7 and later) sets in every pod ``MASTER_ADDR`` and
+    ``MASTER_PORT`` (the master pod's service), ``WORLD_SIZE`` (pods × ``nprocPerNode``)
+    and ``RANK`` (the pod's index: the master 0, worker i i+1), and the same for torchrun as
+    ``PET_MASTER_ADDR``, ``PET_MASTER_PORT``, ``PET_NNODES``, ``PET_NODE_RANK`` and
+    ``PET_NPROC_PER_NODE``, but no ``LOCAL_RANK``: the one process of a pod is its local rank
+    0. A container whose command is ``torchrun`` has ranks of torchrun's (it reads the
+    ``PET_*`` variables), which the ``torchrun`` launcher recognises first.
+    """
+
+    name = "pytorchjob"
+    priority = 25
+
+    @classmethod
+    def detect(cls, env: Mapping[str, str]) -> bool:
+        return "PET_NODE_RANK" in env and "RANK" in env and not any(
+            key in env for key in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID"))
+
+    @classmethod
+    def read(cls, env: Mapping[str, str]) -> LaunchEnv:
+        per_pod = env.get("PET_NPROC_PER_NODE", "auto")
+        if per_pod.isdigit() and int(per_pod) > 1:
+            raise ConfigError(
+                f"the PyTorchJob asks for {per_pod} processes per pod (nprocPerNode, PET_NPROC_PER_NODE={per_pod}) "
+                "but its container runs one: make the container's command `torchrun $(which lerobot) train ...`, "
+                "which reads the PET_* variables and starts them"
+            )
+        return _validated(
+            LaunchEnv(
+                rank=env_int(env, "RANK"),
+                local_rank=0,
+                world_size=env_int(env, "WORLD_SIZE"),
+                master_addr=env.get("MASTER_ADDR") or env.get("PET_MASTER_ADDR") or "127.0.0.1",
+                master_port=env_int(env, "MASTER_PORT", DEFAULT_MASTER_PORT),
+            ),
+            "the PyTorchJob operator",
         )
 
 
@@ -166,6 +210,15 @@ class SingleProcessLauncher(Launcher):
                 f"WORLD_SIZE={env['WORLD_SIZE']} is set but {', '.join(missing)} are not: start the run with "
                 "torchrun / accelerate launch / srun, or set every one of RANK, LOCAL_RANK, WORLD_SIZE, "
                 "MASTER_ADDR, MASTER_PORT"
+            )
+        # A multi-node Kubeflow job (TrainJob, or a PyTorchJob of another operator version) whose
+        # container runs `lerobot train` itself: every pod would train alone.
+        nodes = env.get("PET_NNODES", "1")
+        if nodes != "1":
+            raise ConfigError(
+                f"PET_NNODES={nodes} is set (a Kubeflow job of several pods) but this process was not started by "
+                "torchrun, so each pod would train alone: make the container's command "
+                "`torchrun $(which lerobot) train ...`, which reads the PET_* variables"
             )
         # A batch script that runs `lerobot train` itself is requeued as a whole by SLURM.
         return LaunchEnv(rank=0, local_rank=0, world_size=1, master_addr=None, master_port=None,

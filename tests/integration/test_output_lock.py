@@ -2,9 +2,11 @@
 folder in use is refused in one line naming the holder while the first keeps writing its
 own checkpoints; a run killed with SIGKILL leaves its lock, and the requeued command takes
 it over and resumes; a lock from another host is taken over once its heartbeat is stale;
-a restart waits for a live holder to end. ``lerobot plan`` and ``inspect-checkpoint``
-neither take nor mind the lock. Real processes and signals; ``subprocess`` timeouts and
-``wait_until`` deadlines are the watchdogs."""
+a restart waits for a live holder to end; a run stopped with SIGSTOP keeps its lock however
+old its heartbeat, and finishes once continued; a named pipe at the lock's path is one line,
+not a hang. ``lerobot plan`` and ``inspect-checkpoint`` neither take nor mind the lock. Real
+processes and signals; ``subprocess`` timeouts and ``wait_until`` deadlines are the
+watchdogs."""
 
 from __future__ import annotations
 
@@ -197,3 +199,54 @@ def test_a_restart_waits_for_a_live_holder_to_end_then_runs(tmp_path):
     assert code == 0, output[-4000:]
     assert f"restart 1 of this run: no checkpoint in {run} yet, starting from step 0" in output
     assert (run / "checkpoints/000002").is_dir() and not (run / LOCK).exists()
+
+
+def test_a_stopped_run_keeps_its_lock_however_old_its_heartbeat_and_finishes_once_continued(tmp_path):
+    """A debugger, a swapped-out node, SIGSTOP: the run beats no more, but its process lives.
+    Before, a second run took the lock over after 120 s and both wrote the same step folders."""
+    run = tmp_path / "run"
+    first = start(tmp_path, *RUN, "--steps=20", "--save_freq=10", f"--output_dir={run}")
+    try:
+        wait_until(lambda: (run / "checkpoints/last").exists(), first, "the first checkpoint")
+        first.send_signal(signal.SIGSTOP)
+        an_hour_ago = time.time() - 3600
+        os.utime(run / LOCK, (an_hour_ago, an_hour_ago))  # its heartbeat stopped an hour ago
+        record = json.loads((run / LOCK).read_text())
+
+        second = run_cli("train", *RUN, "--steps=20", "--save_freq=10", f"--output_dir={run}", cwd=tmp_path,
+                         timeout=120)
+        assert second.returncode == 1, second.stdout + second.stderr
+        line = the_one_error_line(second)
+        assert re.match(
+            rf"error: --output_dir={re.escape(str(run))} is in use by another run \(host {re.escape(HOST)}, pid "
+            rf"{first.pid}, started {re.escape(record['started'])}; its lock {re.escape(str(run / LOCK))} was "
+            r"refreshed 36\d\d s ago, but its process is stopped \(SIGSTOP, or a debugger\) on this host, and a live "
+            rf"process keeps its lock however old\), and two runs writing one folder would mix their checkpoints: let "
+            rf"that run go on \(kill -CONT {first.pid}\) and end, or pass another --output_dir", line), line
+        assert json.loads((run / LOCK).read_text()) == record  # not taken over
+
+        first.send_signal(signal.SIGCONT)
+        code = finish(first, timeout=120)
+    finally:
+        if first.poll() is None:
+            first.send_signal(signal.SIGCONT)
+            first.kill()
+            first.wait()
+    output = (tmp_path / "train.log").read_text()
+    assert code == 0 and "done: 20 steps" in output, output[-4000:]
+    assert "of this run was" not in output, output[-4000:]  # its heartbeat found the lock still its own
+    assert [f.name for f in step_folders(run)] == ["000010", "000020"] and not (run / LOCK).exists()
+
+
+def test_a_named_pipe_at_the_locks_path_is_one_line_not_a_hang(tmp_path):
+    """Before, opening it to read the holder blocked forever (no writer ever comes)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / LOCK)
+    result = run_cli("train", *RUN, "--steps=2", f"--output_dir={run}", cwd=tmp_path, timeout=60)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert the_one_error_line(result) == (
+        f"error: the lock of --output_dir={run}, {run / LOCK}, is a named pipe (FIFO), not a file a run wrote, so no "
+        f"run can hold the folder while it is there: remove it (rm {run / LOCK}), then start the run again. Nothing "
+        "was written")
+    assert os.listdir(run) == [LOCK]

@@ -37,7 +37,7 @@ def test_every_builtin_launcher_is_registered_in_a_fixed_order() -> None:
     from lerobot_kit.core.registry.registry import get_registry
 
     assert [(c.priority, c.name) for c in get_registry().launchers()] == [
-        (10, "accelerate"), (20, "torchrun"), (30, "slurm"), (1000, "single"),
+        (10, "accelerate"), (20, "torchrun"), (25, "pytorchjob"), (30, "slurm"), (1000, "single"),
     ]
 
 
