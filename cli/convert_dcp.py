@@ -59,6 +59,9 @@ def command(checkpoint_dir: Path, delete_dcp: bool, overwrite: bool, push_to_hub
     with command_errors():
         if private and not push_to_hub:
             raise ConfigError("--private=true needs --push_to_hub=user/repo")
+        from lerobot_kit.core.offline.convert_input import check_convertible
+
+        check_convertible(checkpoint_dir, overwrite)  # before torch is imported: a refusal takes a second
         from lerobot_kit.core.offline.convert import convert_dcp
 
         progress = _TtyProgress() if sys.stderr.isatty() else None

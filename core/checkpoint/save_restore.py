@@ -35,7 +35,7 @@ from lerobot_kit.core.data.sampler import DataPosition
 from lerobot_kit.core.distributed.process_group import broadcast_object
 from lerobot_kit.core.errors import CheckpointError
 from lerobot_kit.core.layout import atomic, paths
-from lerobot_kit.core.layout.files import RESUME_ADVICE, resumable_record
+from lerobot_kit.core.layout.files import resume_advice, resumable_record
 from lerobot_kit.core.layout.json_file import read_json
 from lerobot_kit.core.layout.stored_weights import StoredWeights
 from lerobot_kit.core.layout.training_step import SamplerPosition, TrainingStep
@@ -143,13 +143,14 @@ def restore_checkpoint(state: CheckpointState, step_dir: Path) -> Restored:
     """
     ctx = state.ctx
     problem = None
+    advice = resume_advice(step_dir)
     if ctx.is_main:
         unread = _unread_weights(step_dir, ctx.distributed)
-        problem = damage(step_dir, None, RESUME_ADVICE, skip=[unread] if unread else [])
+        problem = damage(step_dir, None, advice, skip=[unread] if unread else [])
     problem = broadcast_object(ctx, problem)
     if problem is not None:
         raise CheckpointError(problem)
-    record = resumable_record(step_dir, RESUME_ADVICE)
+    record = resumable_record(step_dir, advice)
     pretrained, state_dir = step_dir / paths.PRETRAINED_DIR, step_dir / paths.TRAINING_STATE_DIR
     checkpoint_format(record.checkpoint_format).load_weights(
         state.weights, pretrained, distributed=ctx.distributed, is_main=ctx.is_main

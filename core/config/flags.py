@@ -20,6 +20,7 @@ from lerobot_kit.core.config.validation_errors import file_line, flag_lines, sho
 from lerobot_kit.core.errors import CheckpointError, ConfigError, LerobotError
 from lerobot_kit.core.layout.file_rules import policy_config_problems
 from lerobot_kit.core.layout.hub_snapshot import local_policy_path
+from lerobot_kit.core.layout.validate import check_loadable
 
 CONFIG_PATH_FLAG = "config_path"
 POLYMORPHIC = {"policy": ("policy", PolicyConfig), "dataset": ("dataset", DatasetConfig), "env": ("env", EnvConfig)}
@@ -199,6 +200,7 @@ def _pretrained_config_file(path: str) -> Path:
 
 def _pretrained_policy_config(path: str) -> dict[str, Any]:
     config_file = _pretrained_config_file(path)
+    check_loadable(config_file.parent)  # every file loading reads, in the words of inspect-checkpoint and eval
     try:
         config = json_input.read_object(config_file)
     except json_input.UnusableJson as exc:

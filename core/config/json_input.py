@@ -15,21 +15,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 from pathlib import Path
 from typing import Any
 
 from lerobot_kit.core.layout.json_file import json_type
+from lerobot_kit.core.layout.regular_file import NotRegularFile, open_regular
 
 MAX_DEPTH = 64
 MAX_BYTES = 16 * 2**20
-_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISFIFO, "a named pipe"),
-    (stat.S_ISSOCK, "a socket"),
-)
 
 
 class UnusableJson(ValueError):
@@ -58,27 +51,25 @@ def decode(text: str) -> Any:
 def read(path: Path) -> Any:
     """The JSON in the regular file ``path`` (symbolic links followed).
 
-    The file is opened without blocking and checked through its own descriptor, so a
-    named pipe never stalls the open and a path replaced after the check is not read.
+    The file is opened as every checkpoint file is (``core.layout.regular_file``): without
+    blocking and checked through its own descriptor, so a named pipe never stalls the open
+    and a path replaced after the check is not read.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        handle = open_regular(path)
     except FileNotFoundError as exc:
         raise UnusableJson("no such file") from exc
+    except NotRegularFile as exc:
+        raise UnusableJson(f"is {exc.kind}, not a file") from exc
     except OSError as exc:
         raise UnusableJson(f"cannot be read ({exc.strerror})") from exc
     try:
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode):
-            kind = next((name for test, name in _KINDS if test(status.st_mode)), "not a regular file")
-            raise UnusableJson(f"is {kind}, not a file")
-        if status.st_size > MAX_BYTES:
-            raise UnusableJson(_too_large())
-        raw = _read_at_most(fd, MAX_BYTES + 1)  # bounded too: /proc files report size 0
+        with handle:
+            if os.fstat(handle.fileno()).st_size > MAX_BYTES:
+                raise UnusableJson(_too_large())
+            raw = handle.read(MAX_BYTES + 1)  # bounded too: /proc files report size 0
     except OSError as exc:
         raise UnusableJson(f"cannot be read ({exc.strerror})") from exc
-    finally:
-        os.close(fd)
     if len(raw) > MAX_BYTES:
         raise UnusableJson(_too_large())
     try:
@@ -88,17 +79,6 @@ def read(path: Path) -> Any:
             f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})", "save it as UTF-8 JSON"
         ) from exc
     return decode(text)
-
-
-def _read_at_most(fd: int, limit: int) -> bytes:
-    chunks, size = [], 0
-    while size < limit:
-        chunk = os.read(fd, min(limit - size, 2**20))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
 
 
 def read_object(path: Path) -> dict[str, Any]:

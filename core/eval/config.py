@@ -18,7 +18,10 @@ from lerobot_kit.core.config.flags import flags_to_dict, resolve_section
 from lerobot_kit.core.config.schema import EnvConfig, EvalConfig, Section
 from lerobot_kit.core.config.validation_errors import flag_lines
 from lerobot_kit.core.errors import ConfigError
+from lerobot_kit.core.eval.output import refuse_inside_run
 from lerobot_kit.core.layout.hub_snapshot import local_policy_path
+from lerobot_kit.core.layout.paths import find_pretrained_dir
+from lerobot_kit.core.layout.validate import check_loadable
 
 DEFAULT_OUTPUT_ROOT = Path("outputs/eval")
 
@@ -54,17 +57,23 @@ def parse_eval_config(args: list[str]) -> EvalRunConfig:
     if problems:
         raise ConfigError("\n".join(problems))
     assert config is not None and env is not None and config.policy.path
+    if config.output_dir is not None:
+        refuse_inside_run(Path(config.output_dir))
     config.policy.path = local_policy_path(config.policy.path)
+    # The checkpoint's files, checked before torch is imported, as load_pretrained checks them.
+    check_loadable(find_pretrained_dir(Path(config.policy.path)))
     config.env = env
     return config
 
 
 def output_dir_of(config: EvalRunConfig) -> Path:
-    """The folder to write; an existing, non-empty one is refused (nothing is touched)."""
+    """The folder to write; an existing, non-empty one is refused (nothing is touched), and so is
+    one inside a training run's folder (``core.eval.output``)."""
     if config.output_dir is None:
         stamp = datetime.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
         return DEFAULT_OUTPUT_ROOT / f"{stamp}_{config.env.type}"
     output_dir = Path(config.output_dir)
+    refuse_inside_run(output_dir)
     if output_dir.exists() and any(output_dir.iterdir()):
         raise ConfigError(
             f"--output_dir={output_dir} already exists and is not empty; choose another --output_dir "

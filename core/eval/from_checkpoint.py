@@ -4,19 +4,15 @@ Every checkpoint ``load_pretrained`` reads evaluates: gathered weights, PEFT ada
 (merged into their base), plugin policies; a DCP-only one stops with the ``convert-dcp``
 command that makes it loadable.
 
-The output folder appears whole or not at all: everything is written into a hidden
-sibling that is renamed into place once complete, and removed when anything fails (a
-policy whose actions are not finite, a video that cannot be encoded, a full disk), so a
-rerun with the same ``--output_dir`` is never blocked by half of a folder.
+The output folder appears whole or not at all (``core.eval.output``): everything is
+written into a hidden sibling that is renamed into place once complete, and removed when
+anything fails (a policy whose actions are not finite, a video that cannot be encoded, a
+full disk), so a rerun with the same ``--output_dir`` is never blocked by half of a
+folder, and no evaluation ever replaces another.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +22,7 @@ from lerobot_kit.core.checkpoint.pretrained import load_pretrained
 from lerobot_kit.core.distributed.process_group import DistContext
 from lerobot_kit.core.eval.config import EvalRunConfig, output_dir_of
 from lerobot_kit.core.eval.evaluate import Evaluator
+from lerobot_kit.core.eval.output import written_whole
 
 
 def evaluate_checkpoint(config: EvalRunConfig) -> tuple[dict[str, Any], Path]:
@@ -41,20 +38,3 @@ def evaluate_checkpoint(config: EvalRunConfig) -> tuple[dict[str, Any], Path]:
                              {"policy_path": str(Path(config.policy.path).resolve())})
     assert info is not None  # the only process is the main one
     return info, output_dir
-
-
-@contextlib.contextmanager
-def written_whole(output_dir: Path) -> Iterator[Path]:
-    """A new hidden sibling of ``output_dir`` to write into, renamed to ``output_dir`` when the
-    block ends normally (an empty ``output_dir`` is replaced) and removed when it does not."""
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    building = output_dir.with_name(f".{output_dir.name}.{uuid.uuid4().hex[:12]}.tmp")
-    building.mkdir()  # with the umask's mode, as the folder itself would be
-    renamed = False
-    try:
-        yield building
-        os.rename(building, output_dir)
-        renamed = True
-    finally:
-        if not renamed:
-            shutil.rmtree(building, ignore_errors=True)

@@ -12,11 +12,18 @@ from __future__ import annotations
 
 import math
 import pickle
+import stat
 from collections import OrderedDict
 from pathlib import Path, PurePath, PurePosixPath, PureWindowsPath
 from typing import Any, NamedTuple
 
 from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.core.layout.file_access import (
+    CheckpointAccessError,
+    access_line,
+    not_a_file_line,
+    open_checkpoint_file,
+)
 from lerobot_kit.core.layout.paths import DCP_METADATA, link_target, resolves_inside
 
 
@@ -226,14 +233,16 @@ def read_dcp_metadata(dcp_dir: Path, label: str | None = None) -> Metadata:
             f"{name}/{DCP_METADATA}: links outside the shard folder; nothing outside a checkpoint is read through it"
         )
     try:
-        with meta_path.open("rb") as f:
+        with open_checkpoint_file(meta_path, f"{name}/{DCP_METADATA}") as f:
             metadata = _MetadataUnpickler(f).load()
     except UnsafeMetadataError as err:
         raise UnsafeMetadataError(f"{name}: {err}") from err
-    except FileNotFoundError as exc:
-        raise CheckpointError(f"{name}: {DCP_METADATA} is missing, so the shards cannot be read") from exc
+    except CheckpointError as err:
+        if isinstance(err.__cause__, FileNotFoundError):
+            raise CheckpointError(f"{name}: {DCP_METADATA} is missing, so the shards cannot be read") from err
+        raise
     except OSError as err:
-        raise CheckpointError(f"{name}/{DCP_METADATA}: cannot be read: {err.strerror or err}") from err
+        raise CheckpointAccessError(access_line(f"{name}/{DCP_METADATA}", err)) from err
     except Exception as err:  # a damaged pickle fails in many ways; all mean the same to the user
         raise CheckpointError(f"{name}/{DCP_METADATA}: not a readable DCP metadata file ({err!r})") from err
     _check_structure(name, metadata)
@@ -323,10 +332,13 @@ def check_dcp_shards(dcp_dir: Path, metadata: Metadata, label: str | None = None
             )
             continue
         try:
-            size = shard.stat().st_size if shard.is_file() else None
+            status = shard.stat()
         except OSError:
-            size = None
-        if size is None:
+            status = None
+        size = status.st_size if status is not None and stat.S_ISREG(status.st_mode) else None
+        if status is not None and size is None:
+            problems.append(not_a_file_line(f"{name}/{rel}", status.st_mode))
+        elif size is None:
             problems.append(f"{name}/{rel}: missing shard ({DCP_METADATA} stores {count} entries in it)")
         elif size < end:
             problems.append(

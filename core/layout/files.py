@@ -12,20 +12,42 @@ accepts, file for file. Torch-free.
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from lerobot_kit.core.errors import CheckpointError
 from lerobot_kit.core.layout import paths
+from lerobot_kit.core.layout.file_access import CheckpointAccessError, entry_mode, not_a_file_line
 from lerobot_kit.core.layout.training_step import TrainingStep, read_training_step
 
 P, T = paths.PRETRAINED_DIR, paths.TRAINING_STATE_DIR
 ALWAYS = "every checkpoint holds it"
 
-RESUME_ADVICE = (
-    "resume from an earlier step folder (--resume=true --resume_from=<step>, which removes the later ones)"
-)
+SHOWN_STEPS = 5  # step folders named in the advice; more are counted
+
+
+def resume_advice(step_dir: Path) -> str:
+    """What to do about a damaged step folder of a run: resume from the newest step folder
+    before it, naming every step folder ``--resume_from`` then deletes (this one, and any
+    later). Only for damage: a file the system refuses to read is named with its own fix."""
+    step_dir = Path(step_dir)
+    if not (paths.is_step_dir_name(step_dir.name) and step_dir.parent.name == paths.CHECKPOINTS_DIR):
+        return "resume from another step folder of the run, or start a new run"
+    run = step_dir.parent.parent
+    step = int(step_dir.name)
+    try:
+        earlier = [s for s in paths.resumable_steps(run) if s < step]
+        back = max(earlier, default=None)
+        doomed = [d.name for d in paths.later_steps(run, back)] if back is not None else []
+    except OSError:
+        return "resume from an earlier step folder of the run, or start a new run"
+    if back is None:
+        return f"{run} has no earlier step folder to resume from: start a new run in another --output_dir"
+    more = f" and {len(doomed) - SHOWN_STEPS} more" if len(doomed) > SHOWN_STEPS else ""
+    return (f"resume from step {back}, the newest step folder before it, with --resume=true --resume_from={back}, "
+            f"which deletes the step folders after it ({', '.join(doomed[:SHOWN_STEPS])}{more})")
 
 
 @dataclass(frozen=True)
@@ -97,19 +119,25 @@ def required(kind: CheckpointKind) -> list[LayoutFile]:
 
 
 def missing(step_dir: Path, kind: CheckpointKind) -> Iterator[tuple[LayoutFile, str]]:
-    """Each required file ``step_dir`` lacks (or holds as the wrong kind of entry), with the line that says so."""
+    """Each required file ``step_dir`` lacks (or holds as the wrong kind of entry), with the line that says so;
+    ``CheckpointAccessError`` when the system does not let this user look."""
     for file in required(kind):
-        where = Path(step_dir) / file.path
-        present = where.is_dir() if file.folder else where.is_file()
-        if not present:
-            what = "missing" if not where.exists() and not where.is_symlink() else (
-                "not a folder" if file.folder else "not a file")
-            yield file, f"{file.path}: {what} ({file.because(kind)})"
+        mode = entry_mode(Path(step_dir) / file.path, file.path)
+        if mode is None:
+            yield file, f"{file.path}: missing ({file.because(kind)})"
+        elif file.folder and not stat.S_ISDIR(mode):
+            yield file, f"{file.path}: not a folder ({file.because(kind)})"
+        elif not file.folder and not stat.S_ISREG(mode):
+            yield file, f"{not_a_file_line(file.path, mode)} ({file.because(kind)})"
 
 
 def check_complete(step_dir: Path, record: TrainingStep, advice: str) -> None:
-    """One ``CheckpointError`` line for the first required file ``step_dir`` lacks, naming it and ``advice``."""
-    found = list(missing(step_dir, CheckpointKind.of(record)))
+    """One ``CheckpointError`` line for the first required file ``step_dir`` lacks, naming it and ``advice``
+    (a ``CheckpointAccessError`` for one the system does not let this user see)."""
+    try:
+        found = list(missing(step_dir, CheckpointKind.of(record)))
+    except CheckpointAccessError as exc:
+        raise CheckpointAccessError(f"{step_dir}/{exc}") from exc
     if found:
         more = f" (and {len(found) - 1} more files)" if len(found) > 1 else ""
         raise CheckpointError(f"{step_dir}/{found[0][1]}{more}; the checkpoint is incomplete: {advice}")
@@ -120,7 +148,7 @@ def resumable_record(step_dir: Path, advice: str) -> TrainingStep:
     run's single gathered optimizer file, as LeRobot 0.6 wrote), whole, and with every file
     the table requires for it; else one ``CheckpointError`` line."""
     record_file = Path(step_dir) / T / paths.TRAINING_STEP
-    if not record_file.is_file():
+    if entry_mode(record_file, str(record_file)) is None:
         raise CheckpointError(f"{record_file}: missing ({ALWAYS}); the checkpoint is incomplete: {advice}")
     record = read_training_step(step_dir, advice)
     state_dir = Path(step_dir) / T

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,7 +33,14 @@ from pathlib import Path, PurePosixPath
 from typing import TypeVar
 
 from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.core.layout.file_access import (
+    CheckpointAccessError,
+    access_line,
+    not_a_file_line,
+    open_checkpoint_file,
+)
 from lerobot_kit.core.layout.paths import MANIFEST, link_target, resolves_inside
+from lerobot_kit.core.layout.regular_file import NotRegularFile, open_regular
 
 ALGORITHM = "sha256"
 _CHUNK = 1 << 20
@@ -62,7 +70,7 @@ def file_digest(path: Path) -> FileDigest:
     size = 0
     buffer = bytearray(_CHUNK)
     view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as handle:
+    with open_regular(path) as handle:
         while True:
             n = handle.readinto(buffer)
             if not n:
@@ -127,18 +135,26 @@ def write_manifest(step_dir: Path, known: Mapping[str, FileDigest] | None = None
 
 
 def has_manifest(step_dir: Path) -> bool:
-    return (Path(step_dir) / MANIFEST).is_file()
+    """Whether the step folder has a ``checksums.json`` entry at all (one that is not a
+    readable file is then refused by ``read_manifest``, never taken for an older checkpoint)."""
+    return os.path.lexists(Path(step_dir) / MANIFEST)
 
 
 def read_manifest(step_dir: Path) -> dict[str, FileDigest]:
     """The recorded digests; ``NoManifestError`` when there is no manifest, ``CheckpointError``
-    when it does not parse."""
+    when it does not parse or is not a file, ``CheckpointAccessError`` when the system will not
+    read it."""
     path = Path(step_dir) / MANIFEST
+    if not os.path.lexists(path):
+        raise NoManifestError(f"{Path(step_dir)}: no {MANIFEST}, so its files cannot be verified")
+    with open_checkpoint_file(path) as handle:
+        try:
+            raw = handle.read()
+        except OSError as exc:
+            raise CheckpointAccessError(access_line(str(path), exc)) from exc
     try:
-        body = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise NoManifestError(f"{Path(step_dir)}: no {MANIFEST}, so its files cannot be verified") from exc
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        body = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
         raise CheckpointError(f"{path}: not a readable checksum manifest ({exc})") from exc
     files = body.get("files") if isinstance(body, dict) else None
     if not isinstance(body, dict) or body.get("algorithm") != ALGORITHM or not isinstance(files, dict):
@@ -156,6 +172,15 @@ def read_manifest(step_dir: Path) -> dict[str, FileDigest]:
     return digests
 
 
+@dataclass(frozen=True)
+class Finding:
+    """A file that differs from the manifest (``unreadable`` False: damage) or that could
+    not be read to tell (``unreadable`` True: the system refused it, named with its errno)."""
+
+    line: str
+    unreadable: bool = False
+
+
 def verify_manifest(step_dir: Path, only: Iterable[str] | None = None) -> list[str]:
     """Problems between the files and the manifest, one line naming each file; [] when all match.
 
@@ -164,32 +189,43 @@ def verify_manifest(step_dir: Path, only: Iterable[str] | None = None) -> list[s
     problem too. Files the manifest does not record are otherwise not looked at. Raises
     ``NoManifestError`` when there is no manifest (``has_manifest`` tells first).
     """
+    return [finding.line for finding in manifest_findings(step_dir, only)]
+
+
+def manifest_findings(step_dir: Path, only: Iterable[str] | None = None) -> list[Finding]:
+    """``verify_manifest``'s problems, each marked damage or unreadable."""
     step_dir = Path(step_dir)
     recorded = read_manifest(step_dir)
     selected, problems = _select(recorded, only, step_dir)
 
-    def check(rel: str) -> str | None:
+    def check(rel: str) -> Finding | None:
         expected, path = recorded[rel], step_dir / rel
         if not resolves_inside(path, step_dir):
-            return f"{path}: links outside the step folder (to {link_target(path)}); nothing outside a checkpoint is read"
+            return Finding(f"{path}: links outside the step folder (to {link_target(path)}); nothing outside a "
+                           "checkpoint is read")
         try:
-            size = path.stat().st_size if path.is_file() else None
-        except OSError:
-            size = None
-        if size is None:
-            return f"{path}: missing ({MANIFEST} records a file of {expected.bytes} bytes)"
-        if size != expected.bytes:
-            return f"{path}: {size} bytes, but {MANIFEST} records {expected.bytes}"
+            status = path.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return Finding(f"{path}: missing ({MANIFEST} records a file of {expected.bytes} bytes)")
+        except OSError as exc:
+            return Finding(access_line(str(path), exc), unreadable=True)
+        if not stat.S_ISREG(status.st_mode):
+            return Finding(f"{not_a_file_line(str(path), status.st_mode)} ({MANIFEST} records a file of "
+                           f"{expected.bytes} bytes)")
+        if status.st_size != expected.bytes:
+            return Finding(f"{path}: {status.st_size} bytes, but {MANIFEST} records {expected.bytes}")
         try:
             actual = file_digest(path)
+        except NotRegularFile as exc:  # replaced since the stat
+            return Finding(not_a_file_line(str(path), exc.mode))
         except OSError as exc:
-            return f"{path}: cannot be read ({exc.strerror or exc})"
+            return Finding(access_line(str(path), exc), unreadable=True)
         if actual.sha256 != expected.sha256:
-            return f"{path}: sha256 differs from the one {MANIFEST} records (changed since it was saved)"
+            return Finding(f"{path}: sha256 differs from the one {MANIFEST} records (changed since it was saved)")
         return None
 
     found = _in_threads(check, selected)
-    return problems + [problem for problem in found if problem is not None]
+    return [Finding(line) for line in problems] + [finding for finding in found if finding is not None]
 
 
 def _select(recorded: Mapping[str, FileDigest], only: Iterable[str] | None, step_dir: Path) -> tuple[list[str], list[str]]:

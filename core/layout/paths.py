@@ -100,6 +100,24 @@ def last_checkpoint(output_dir: Path) -> Path | None:
     return target
 
 
+def resumable_steps(output_dir: Path) -> dict[int, Path]:
+    """Complete step folders by step: published atomically, so every ``NNNNNN`` folder is whole."""
+    root = checkpoints_root(output_dir)
+    if not root.is_dir():
+        return {}
+    return {
+        int(d.name): d for d in root.iterdir()
+        if is_step_dir_name(d.name) and not d.is_symlink() and (d / PRETRAINED_DIR).is_dir()
+        and (d / TRAINING_STATE_DIR).is_dir()
+    }
+
+
+def later_steps(output_dir: Path, step: int) -> tuple[Path, ...]:
+    """The complete step folders after ``step``, oldest first: those ``--resume_from=<step>`` deletes."""
+    steps = resumable_steps(output_dir)
+    return tuple(steps[s] for s in sorted(steps) if s > step)
+
+
 def follow_last(step_dir: Path) -> Path:
     """``step_dir``, or the step folder it names when it is a run's ``checkpoints/last`` link (checked
     as ``last_checkpoint`` checks it: a path through ``last`` never leaves the run)."""

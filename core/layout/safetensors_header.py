@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.core.layout.file_access import CheckpointAccessError, access_line, open_checkpoint_file
 
 # The reference implementation's own cap: a longer header is a corrupt length field.
 MAX_HEADER_BYTES = 100_000_000
@@ -52,9 +54,9 @@ def read_safetensors_header(path: Path, label: str | None = None) -> dict[str, A
     """
     path = Path(path)
     name = label or str(path)
-    try:
-        file_size = path.stat().st_size
-        with path.open("rb") as f:
+    with open_checkpoint_file(path, name) as f:
+        try:
+            file_size = os.fstat(f.fileno()).st_size
             prefix = f.read(8)
             if len(prefix) < 8:
                 raise CheckpointError(f"{name}: truncated: {file_size} bytes, too short for a safetensors header")
@@ -66,8 +68,8 @@ def read_safetensors_header(path: Path, label: str | None = None) -> dict[str, A
                     f"{name}: truncated: header says {header_len} bytes of header, file has {file_size - 8}"
                 )
             raw = f.read(header_len)
-    except OSError as err:
-        raise CheckpointError(f"{name}: cannot be read: {err.strerror or err}") from err
+        except OSError as err:
+            raise CheckpointAccessError(access_line(name, err)) from err
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:

@@ -18,6 +18,7 @@ from typing import Any
 
 from lerobot_kit.core.errors import CheckpointError
 from lerobot_kit.core.layout import paths
+from lerobot_kit.core.layout.file_access import CheckpointAccessError, NotAFileError, entry_mode
 from lerobot_kit.core.layout.fsync import fsync_dir
 from lerobot_kit.core.layout.json_file import json_type, read_json
 
@@ -139,11 +140,15 @@ def read_training_step(step_dir: Path, advice: str | None = None) -> TrainingSte
     """The record of a checkpoint to resume; ``CheckpointError`` when it is missing, damaged or of
     another layout. ``advice``: what to do about a damaged one, said after the problem."""
     path = record_file(step_dir)
-    if not path.exists() and not path.is_symlink():
+    if entry_mode(path) is None and not path.is_symlink():
         raise CheckpointError(f"{path}: missing; the checkpoint is incomplete")
     damaged = "the file is corrupt" if advice is None else f"the checkpoint is damaged: {advice}"
     try:
         raw = read_json(path)
+    except CheckpointAccessError:
+        raise  # the system's refusal, with its own fix: nothing is known about the contents
+    except NotAFileError as exc:
+        raise NotAFileError(f"{exc}; {damaged}") from exc
     except CheckpointError as exc:
         raise CheckpointError(f"{exc}; {damaged}") from exc
     if isinstance(raw, dict) and other_layout(raw) is not None:
@@ -164,10 +169,14 @@ def recorded_training_step(step_dir: Path) -> TrainingStep | None:
 
     For loading weights only: they need nothing from ``training_state/``, so a copied
     ``pretrained_model/``, an older layout or a damaged record still loads, by the rules
-    of a folder without a record (what ``inspect-checkpoint`` calls loadable).
+    of a folder without a record (what ``inspect-checkpoint`` calls loadable). A record
+    that is there but cannot be read at all (not a file, or one the system refuses) is
+    raised instead: what the folder holds is then unknown, and nothing loads by guess.
     """
     try:
         return read_training_step(step_dir)
+    except (CheckpointAccessError, NotAFileError):
+        raise
     except CheckpointError:
         return None
 
@@ -182,7 +191,7 @@ def rewrite_weights_kind(pretrained_dir: Path, weights: str) -> None:
     path = record_file(step_dir)
     tmp = path.with_name(path.name + paths.TMP_SUFFIX)
     with tmp.open("w") as file:
-        json.dump({**json.loads(path.read_text()), "weights": weights}, file, indent=2)
+        json.dump({**read_json(path), "weights": weights}, file, indent=2)
         file.write("\n")
         file.flush()
         os.fsync(file.fileno())

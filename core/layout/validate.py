@@ -4,12 +4,20 @@ A resume, ``--policy.path``, ``lerobot eval`` and ``load_pretrained`` read a che
 JSON files, safetensors files and DCP folders; ``inspect-checkpoint`` reports on them.
 All of them go through ``check_step_folder`` / ``check_pretrained_folder``, which read
 each file once (JSON, safetensors headers, DCP metadata, never tensor data) and check it
-by the rule of its kind (``core.layout.file_rules``), so a damaged file is one line
-naming it before any model is built, and inspect's "resumable" and "loadable" are what
-the loaders accept.
+by the rule of its kind (``core.layout.file_rules``; ``config.json`` by its policy type,
+as ``--policy.path`` validates it: ``core.config.pretrained_config``), so a damaged file
+is one line naming it before any model is built, and inspect's "resumable" and
+"loadable" are what the loaders accept.
 ``check_resumable`` and ``check_loadable`` turn the first problem into the loaders'
-``CheckpointError``. What only torch can tell (the values inside a random state, the
-optimizer state against the live model) the loader checks itself, in the same words.
+``CheckpointError`` (``refuse``). What only torch can tell (the values inside a random
+state, the optimizer state against the live model) the loader checks itself, in the
+same words.
+
+Each problem has a cause. Damage (wrong contents; a folder, a named pipe or a device
+where a file should be: none is ever opened) is refused with the caller's advice, such
+as resuming an earlier step. A file the system refuses to read (permissions, ownership,
+a disk error) is named with its errno and fix instead, and comes first: nothing is
+known about its contents, and advice for damage would be wrong.
 
 Nothing outside the checkpoint is read through it: every entry of ``pretrained_model/``
 and ``training_state/`` must resolve inside the step folder (links followed), a
@@ -21,6 +29,8 @@ Across files, the optimizer state is checked against the weights it belongs to. 
 
 from __future__ import annotations
 
+import os
+import stat
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +40,13 @@ from typing import Any
 from lerobot_kit.core.errors import CheckpointError
 from lerobot_kit.core.layout import paths as L
 from lerobot_kit.core.layout.dcp_metadata import Metadata, check_dcp_shards, read_dcp_metadata, tensor_entries
+from lerobot_kit.core.layout.file_access import (
+    CheckpointAccessError,
+    NotAFileError,
+    access_line,
+    entry_mode,
+    not_a_file_line,
+)
 from lerobot_kit.core.layout.file_rules import (
     OUTSIDE,
     adapter_config_problems,
@@ -54,12 +71,32 @@ from lerobot_kit.core.layout.training_step import problems as record_problems
 
 Shapes = dict[str, tuple[int, ...]]
 GATHERED_WEIGHTS = (f"{L.PRETRAINED_DIR}/{L.MODEL_WEIGHTS}", f"{L.PRETRAINED_DIR}/{L.ADAPTER_WEIGHTS}")
+RECORD = f"{L.TRAINING_STATE_DIR}/{L.TRAINING_STEP}"
+
+# What a problem is, which decides what a refusal says about it.
+DAMAGE = "damage"  # the contents are wrong: what to do is the caller's advice (an earlier step)
+NOT_A_FILE = "not a file"  # damage too: a folder, a named pipe or a device where a file should be
+UNREADABLE = "unreadable"  # the system refused to read it: the line names the errno and the fix
+FOREIGN = "foreign"  # another library's file no installed type reads: the line says what to do
 
 
 @dataclass(frozen=True)
 class Problem:
     file: str  # relative to the checked folder's root, e.g. "pretrained_model/config.json"
     line: str  # the whole line, starting with ``file``
+    cause: str = DAMAGE
+
+    @property
+    def damage(self) -> bool:
+        """Whether the advice for a damaged checkpoint applies (UNREADABLE and FOREIGN lines carry their own fix)."""
+        return self.cause in (DAMAGE, NOT_A_FILE)
+
+    @classmethod
+    def of(cls, rel: str, err: CheckpointError) -> Problem:
+        """A reader's one-line error as a problem, with its cause."""
+        cause = UNREADABLE if isinstance(err, CheckpointAccessError) else (
+            NOT_A_FILE if isinstance(err, NotAFileError) else DAMAGE)
+        return cls(rel, str(err), cause)
 
 
 @dataclass(frozen=True)
@@ -101,12 +138,18 @@ class CheckedFolder:
     other_layout: str | None = None  # why training_step.json is of another layout, when it is
 
     def blocks_loading(self, problem: Problem) -> bool:
-        """Loading (``--policy.path``, eval) reads the pretrained folder, less the run config and the shards."""
+        """Loading (``--policy.path``, eval) reads the pretrained folder, less the run config and the
+        shards, and the step folder's record, which must at least be a file it can read (in a
+        folder it can list: ``recorded_training_step``). Anywhere in the pretrained folder, an entry
+        that is not a file or that the system will not read stops it: no loader opens one."""
+        unopenable = problem.cause in (NOT_A_FILE, UNREADABLE)
+        if problem.file in (RECORD, f"{L.TRAINING_STATE_DIR}/") and unopenable:
+            return True
         prefix = f"{self.pretrained}/"
         if not (problem.file == prefix or problem.file.startswith(prefix)):
             return False
         name = problem.file.removeprefix(prefix).split("/", 1)[0]
-        return name not in (L.TRAIN_CONFIG, L.DCP_MODEL_DIR)
+        return unopenable or name not in (L.TRAIN_CONFIG, L.DCP_MODEL_DIR)
 
     def shapes(self, rel: str) -> Shapes | None:
         """Tensor name -> shape of a safetensors file or whole DCP folder that was read."""
@@ -120,7 +163,12 @@ class CheckedFolder:
 
     def scan(self, sub: str) -> None:
         folder = self.root / sub
-        if not folder.is_dir():
+        try:
+            mode = entry_mode(folder, f"{sub}/")
+        except CheckpointAccessError as err:
+            self.problems.append(Problem.of(f"{sub}/", err))
+            return
+        if mode is None or not stat.S_ISDIR(mode):
             return
         if not L.resolves_inside(folder, self.inside):
             self._problem(f"{sub}/", f"links outside the checkpoint (to {L.link_target(folder)}); {OUTSIDE}")
@@ -128,7 +176,7 @@ class CheckedFolder:
         try:
             children = sorted(folder.iterdir())
         except OSError as err:
-            self._problem(f"{sub}/", f"cannot be listed: {err.strerror or err}")
+            self.problems.append(Problem(f"{sub}/", access_line(f"{sub}/", err, folder=True), UNREADABLE))
             return
         for child in children:
             self._read(sub, child)
@@ -139,8 +187,19 @@ class CheckedFolder:
             self.entries.append(Entry(rel, path, "other"))
             self._problem(rel, f"links outside the checkpoint (to {L.link_target(path)}); {OUTSIDE}")
             return
-        if path.is_dir():
-            if path.name in (L.DCP_MODEL_DIR, L.DCP_OPTIMIZER_DIR) or (path / L.DCP_METADATA).exists():
+        try:
+            mode = entry_mode(path, rel)
+        except CheckpointAccessError as err:
+            self.entries.append(Entry(rel, path, "other"))
+            self.problems.append(Problem.of(rel, err))
+            return
+        if mode is not None and not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+            # A named pipe, a device or a socket: nothing in a checkpoint is one, and no reader opens it.
+            self.entries.append(Entry(rel, path, "other"))
+            self.problems.append(Problem(rel, not_a_file_line(rel, mode), NOT_A_FILE))
+            return
+        if mode is not None and stat.S_ISDIR(mode):
+            if path.name in (L.DCP_MODEL_DIR, L.DCP_OPTIMIZER_DIR) or os.path.exists(path / L.DCP_METADATA):
                 self.entries.append(Entry(rel, path, "dcp"))
                 self._read_dcp(path, rel)
                 return
@@ -153,16 +212,18 @@ class CheckedFolder:
             try:
                 self.json[rel] = read_json(path, label=rel)
             except CheckpointError as err:
-                self.problems.append(Problem(rel, str(err)))
+                self.problems.append(Problem.of(rel, err))
                 return
             for line in self._json_rule(sub, path.name)(self.json[rel]):
                 self._problem(rel, line)
+            if sub == self.pretrained and path.name == L.POLICY_CONFIG and not self._has_problem(rel):
+                self._check_policy_config(rel, self.json[rel])
         elif path.suffix == ".safetensors":
             self.entries.append(Entry(rel, path, "safetensors"))
             try:
                 self.headers[rel] = read_safetensors_header(path, label=rel)
             except CheckpointError as err:
-                self.problems.append(Problem(rel, str(err)))
+                self.problems.append(Problem.of(rel, err))
                 return
             if sub == L.TRAINING_STATE_DIR and path.name == L.RNG_STATE:
                 for line in rng_problems(self.headers[rel]):
@@ -174,13 +235,24 @@ class CheckedFolder:
         try:
             metadata = read_dcp_metadata(folder, label=rel)
         except CheckpointError as err:
-            self.problems.append(Problem(rel, str(err)))
+            self.problems.append(Problem.of(rel, err))
             return
         shard_problems = check_dcp_shards(folder, metadata, label=rel)
         self.problems.extend(Problem(rel, line) for line in shard_problems)
         if shard_problems:
             self.incomplete.add(rel)
         self.dcp[rel] = metadata
+
+    def _check_policy_config(self, rel: str, value: Any) -> None:
+        """``config.json`` validated by its policy type, as ``--policy.path`` validates it."""
+        from lerobot_kit.core.config.pretrained_config import pretrained_config_problem
+
+        found = pretrained_config_problem(self.root / self.pretrained, value)
+        if found is not None:
+            self.problems.append(Problem(rel, f"{rel}: {found.line}", DAMAGE if found.damage else FOREIGN))
+
+    def _has_problem(self, rel: str) -> bool:
+        return any(p.file == rel for p in self.problems)
 
     def _json_rule(self, sub: str, name: str) -> Callable[[Any], list[str]]:
         if sub == L.TRAINING_STATE_DIR:
@@ -349,10 +421,22 @@ def check_pretrained_folder(folder: Path) -> CheckedFolder:
     if folder.name == L.PRETRAINED_DIR and (folder.parent / L.TRAINING_STATE_DIR).is_dir():
         checked = CheckedFolder(folder.parent, L.PRETRAINED_DIR, folder.parent)
         checked.scan(checked.pretrained)
-        record = recorded_training_step(folder.parent)
+        try:
+            record = recorded_training_step(folder.parent)
+        except CheckpointError:  # there, but not a file this user can read: loading stops on it, named so
+            record = None
+            try:
+                read_json(folder.parent / RECORD, label=RECORD)
+            except CheckpointError as err:
+                checked.problems.append(Problem.of(RECORD, err))
         if record is not None:  # the files its record makes loading need, by the layout table's words
-            shards = (folder / L.DCP_MODEL_DIR).is_dir()
-            for file, line in missing(folder.parent, CheckpointKind.of(record)):
+            shards = os.path.isdir(folder / L.DCP_MODEL_DIR)
+            try:
+                lacking = list(missing(folder.parent, CheckpointKind.of(record)))
+            except CheckpointAccessError as err:
+                checked.problems.append(Problem.of(err.file or f"{L.PRETRAINED_DIR}/", err))
+                lacking = []
+            for file, line in lacking:
                 # Gathered weights gone beside the shards: loading says how to merge them (convert-dcp).
                 if file.for_loading and not (shards and file.path in GATHERED_WEIGHTS):
                     checked.problems = [p for p in checked.problems if p.file != file.path]
@@ -365,24 +449,46 @@ def check_pretrained_folder(folder: Path) -> CheckedFolder:
 
 def check_resumable(step_dir: Path, advice: str) -> TrainingStep:
     """The record of a step folder a resume can continue from (``files.resumable_record``), once
-    every file in it passed its check; else one ``CheckpointError`` line naming the first problem."""
+    every file in it passed its check; else one ``CheckpointError`` line naming the first problem.
+    ``advice`` (what to do about a damaged checkpoint) follows damage only (``refuse``)."""
     record = resumable_record(step_dir, advice)
     checked = check_step_folder(step_dir)
-    _refuse(checked.root, checked.problems, f"the checkpoint is damaged: {advice}")
+    refuse(checked.root, checked.problems, advice)
     return record
 
 
 def check_loadable(pretrained_dir: Path, advice: str = "load an earlier step folder of the run") -> None:
     """Refuse, in one ``CheckpointError`` line, a folder whose files loading would read are damaged."""
     checked = check_pretrained_folder(pretrained_dir)
-    _refuse(checked.root, [p for p in checked.problems if checked.blocks_loading(p)],
-            f"the checkpoint is damaged: {advice}")
+    refuse(checked.root, [p for p in checked.problems if checked.blocks_loading(p)], advice)
 
 
-def _refuse(root: Path, problems: list[Problem], why: str) -> None:
-    if problems:
-        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
-        raise CheckpointError(f"{root}/{problems[0].line}{more}; {why}")
+def refuse(root: Path, problems: list[Problem], advice: str) -> None:
+    """One ``CheckpointError`` line for ``problems`` (none: nothing raised), naming ``first_problem``.
+
+    Only damage ends with ``the checkpoint is damaged: <advice>``; a file the system refused
+    to read is a ``CheckpointAccessError`` whose line carries its own fix.
+    """
+    if not problems:
+        return
+    first = first_problem(problems)
+    more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+    if first.cause == UNREADABLE:
+        raise CheckpointAccessError(f"{root}/{first.line}{more}", f"{root}/{first.file}")
+    why = f"; the checkpoint is damaged: {advice}" if first.damage else ""
+    raise CheckpointError(f"{root}/{first.line}{more}{why}")
+
+
+def first_problem(problems: list[Problem]) -> Problem:
+    """The problem a verdict names: a file the system refused to read first (until it can be
+    read nothing is known about the checkpoint, and advice for damage, which may delete step
+    folders, would be wrong), then another library's file (its line says what to do), then
+    the first found."""
+    for cause in (UNREADABLE, FOREIGN):
+        for problem in problems:
+            if problem.cause == cause:
+                return problem
+    return problems[0]
 
 
 # --- small helpers ------------------------------------------------------------------------

@@ -63,6 +63,7 @@ import torch
 from lerobot_kit.core.errors import CheckpointError, first_line
 from lerobot_kit.core.layout import dcp_metadata, manifest
 from lerobot_kit.core.layout.fsync import fsync_dir
+from lerobot_kit.core.layout.json_file import read_json
 from lerobot_kit.core.layout.paths import (
     DATASET_META,
     DCP_METADATA,
@@ -73,11 +74,11 @@ from lerobot_kit.core.layout.paths import (
     TMP_SUFFIX,
     TRAINING_STATE_DIR,
     TRAINING_STEP,
-    find_step_dir,
 )
 from lerobot_kit.core.layout.safetensors_header import METADATA_KEY, read_safetensors_header, tensors
 from lerobot_kit.core.layout.stored_weights import StoredWeights
 from lerobot_kit.core.layout.training_step import rewrite_weights_kind
+from lerobot_kit.core.offline.convert_input import check_convertible
 from lerobot_kit.core.offline.dcp_chunks import ChunkReader, row_blocks
 from lerobot_kit.core.offline.weight_shapes import expected_shapes, shape_mismatch
 
@@ -166,16 +167,6 @@ Progress = Callable[[str, int, int], None]
 """``(phase, bytes_done, bytes_total)``; phase is "write" or "verify"."""
 
 
-def resolve_pretrained_dir(checkpoint_dir: Path) -> Path:
-    """A step folder, its ``pretrained_model/``, or a run folder (its ``last`` step)."""
-    checkpoint_dir = Path(checkpoint_dir)
-    if not checkpoint_dir.exists():
-        raise CheckpointError(f"{checkpoint_dir}: no such checkpoint folder")
-    if (checkpoint_dir / DCP_MODEL_DIR).is_dir() or checkpoint_dir.name == PRETRAINED_DIR:
-        return checkpoint_dir
-    return find_step_dir(checkpoint_dir) / PRETRAINED_DIR
-
-
 def convert_dcp(
     checkpoint_dir: Path,
     *,
@@ -191,7 +182,7 @@ def convert_dcp(
     false, or when the written file does not read back as written.
     """
     started = time.monotonic()
-    pretrained = resolve_pretrained_dir(checkpoint_dir)
+    pretrained = check_convertible(checkpoint_dir, overwrite)
     dcp_dir = pretrained / DCP_MODEL_DIR
     stored = StoredWeights.of(pretrained)
     output = pretrained / stored.file_name
@@ -390,10 +381,10 @@ def _check_shapes(pretrained: Path, entries: list[_Entry]) -> None:
     """Refuse shards of other shapes than the model ``config.json`` describes, when its
     policy declares its shapes; shards of a policy that does not are converted as they are."""
     try:
-        config = json.loads((pretrained / POLICY_CONFIG).read_text(encoding="utf-8"))
+        config = read_json(pretrained / POLICY_CONFIG)
         meta_path = pretrained / DATASET_META
-        meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.exists() else None
-    except (OSError, ValueError):
+        meta = read_json(meta_path) if meta_path.exists() else None
+    except CheckpointError:
         return  # no usable config: nothing to check against (loading will say why)
     if not isinstance(config, dict):
         return

@@ -23,6 +23,7 @@ from typing import BinaryIO
 import torch
 
 from lerobot_kit.core.errors import CheckpointError
+from lerobot_kit.core.layout.file_access import open_checkpoint_file
 from lerobot_kit.core.layout import dcp_metadata
 
 
@@ -128,7 +129,8 @@ class ChunkReader:
 
     def _file(self, relative_path: str) -> BinaryIO:
         if relative_path not in self._files:
-            self._files[relative_path] = self._stack.enter_context((self._dir / relative_path).open("rb"))
+            shard = self._dir / relative_path
+            self._files[relative_path] = self._stack.enter_context(open_checkpoint_file(shard))
         return self._files[relative_path]
 
 

@@ -24,11 +24,15 @@ from lerobot_kit.core.layout.dcp_metadata import tensor_entries
 from lerobot_kit.core.layout.safetensors_header import tensor_nbytes, tensors
 from lerobot_kit.core.layout.training_step import OPTIMIZER_KINDS, WEIGHTS_KINDS
 from lerobot_kit.core.layout.validate import (
+    DAMAGE,
+    NOT_A_FILE,
+    UNREADABLE,
     CheckedFolder,
     Entry,
     Problem,
     check_pretrained_folder,
     check_step_folder,
+    first_problem,
 )
 from lerobot_kit.core.offline.weight_shapes import expected_shapes, shape_mismatch
 
@@ -232,7 +236,7 @@ class _Inspector:
                     for name, e in tensor_entries(metadata).items()
                 ]
             return info
-        size = _tree_size(entry.path) if entry.path.is_dir() else _file_size(entry.path)
+        size = _tree_size(entry.path) if os.path.isdir(entry.path) else _file_size(entry.path)
         info = FileInfo(entry.rel, entry.kind, size)
         if entry.rel in self.checked.headers:
             info.tensors = _infos(self.checked.headers[entry.rel])
@@ -252,7 +256,8 @@ class _Inspector:
         try:
             recorded = manifest.read_manifest(self.root)
         except CheckpointError as err:
-            self._problem(L.MANIFEST, str(err).removeprefix(f"{self.root / L.MANIFEST}: "))
+            line = f"{L.MANIFEST}: {str(err).removeprefix(f'{self.root / L.MANIFEST}: ')}"
+            self.problems.append(Problem.of(L.MANIFEST, type(err)(line)))
             return Checksums("failed", f"{L.MANIFEST} is unreadable")
         if self.verify is False:
             return Checksums("off", "not verified (--no-verify)")
@@ -262,23 +267,34 @@ class _Inspector:
                 f"not verified: {_gb(size_on_disk)} on disk is above --verify-max-bytes={self.verify_max_bytes}; "
                 "pass --verify to check them",
             )
-        lines = manifest.verify_manifest(self.root)
+        findings = manifest.manifest_findings(self.root)
         differing = set()
-        for line in lines:
-            rel = line.removeprefix(f"{self.root}/")
-            differing.add(rel.split(":", 1)[0])
-            self.problems.append(Problem(rel.split(":", 1)[0], rel))
+        for finding in findings:
+            line = finding.line.removeprefix(f"{self.root}/")
+            rel = line.split(":", 1)[0]
+            differing.add(rel)
+            if not self._unopenable(rel):  # named once, by the check that tried to open it
+                self.problems.append(Problem(rel, line, UNREADABLE if finding.unreadable else DAMAGE))
         self.matching = set(recorded) - differing
-        if lines:
-            return Checksums("failed", f"{len(lines)} of {len(recorded)} files differ from {L.MANIFEST}")
+        unreadable = sum(finding.unreadable for finding in findings)
+        if unreadable:
+            differ = f"; {len(findings) - unreadable} differ" if len(findings) > unreadable else ""
+            return Checksums("failed", f"{unreadable} of {len(recorded)} files could not be read to compare with "
+                                       f"{L.MANIFEST}{differ}")
+        if findings:
+            return Checksums("failed", f"{len(findings)} of {len(recorded)} files differ from {L.MANIFEST}")
         return Checksums("verified", f"{len(recorded)} files match {L.MANIFEST}")
 
     def _check_weight_shapes(self) -> None:
         """The stored weights against the shapes ``config.json`` builds (its policy's ``weight_shapes``)."""
         parsed = self.checked.json
-        config = parsed.get(f"{self.pretrained}/{L.POLICY_CONFIG}")
+        config_rel = f"{self.pretrained}/{L.POLICY_CONFIG}"
+        config = parsed.get(config_rel)
         if not (isinstance(config, dict) and isinstance(config.get("type"), str)):
             self.shapes_unknown = f"{L.POLICY_CONFIG} names no policy type"
+            return
+        if any(p.file == config_rel for p in self.checked.problems):  # the shared check named its problem
+            self.shapes_unknown = f"{L.POLICY_CONFIG} is not a valid config"
             return
         meta_rel = f"{self.pretrained}/{L.DATASET_META}"
         if self._exists(self.pretrained, L.DATASET_META) and meta_rel not in parsed:
@@ -317,16 +333,23 @@ class _Inspector:
             kind = files.CheckpointKind.of(training_step.TrainingStep.from_json(ts, f"{T}/{L.TRAINING_STEP}"))
         except CheckpointError:
             return  # the record's own problems are reported; what it requires is unknown
-        for file, line in files.missing(self.root, kind):
+        try:
+            lacking = list(files.missing(self.root, kind))
+        except CheckpointError as err:
+            rel = getattr(err, "file", None) or L.TRAINING_STATE_DIR
+            if not self._unopenable(rel):
+                self.problems.append(Problem.of(rel, err))
+            return
+        for file, line in lacking:
             # The table's line says why the file is needed; checksums.json's "missing" says less.
             self.problems = [p for p in self.problems if p.file != file.path]
             self.problems.append(Problem(file.path, line))
 
     def _require(self, sub: str, name: str) -> None:
         """A file every checkpoint holds, whatever its record says (or when there is none to say)."""
-        if self._exists(sub, name):
+        if self._exists(sub, name) or self._unopenable(f"{sub}/{name}"):
             return
-        if not (self.root / sub).is_dir():
+        if not os.path.isdir(self.root / sub):
             if not any(p.file == f"{sub}/" for p in self.problems):
                 self._problem(f"{sub}/", "missing")
             return
@@ -337,7 +360,7 @@ class _Inspector:
     def _loadable(self, peft: bool) -> Verdict:
         blocking = [p for p in self.problems if self.checked.blocks_loading(p)]
         if blocking:
-            return Verdict(False, blocking[0].line)
+            return Verdict(False, first_problem(blocking).line)
         P = self.pretrained
         if not self._is_file(P, L.POLICY_CONFIG):
             return Verdict(False, f"{P}/{L.POLICY_CONFIG} is missing")
@@ -387,7 +410,7 @@ class _Inspector:
         if not self.problems:
             return Verdict(True, "every file of the layout is present and consistent")
         more = f" (and {len(self.problems) - 1} more problems)" if len(self.problems) > 1 else ""
-        return Verdict(False, self.problems[0].line + more)
+        return Verdict(False, first_problem(self.problems).line + more)
 
     # --- small helpers ----------------------------------------------------------------
 
@@ -421,10 +444,19 @@ class _Inspector:
         return int(self.root.name) if L.is_step_dir_name(self.root.name) else None
 
     def _exists(self, *parts: str) -> bool:
-        return self.root.joinpath(*parts).exists()
+        return os.path.exists(self.root.joinpath(*parts))  # False, not an error, where this user may not look
 
     def _is_file(self, *parts: str) -> bool:
-        return self.root.joinpath(*parts).is_file()
+        return os.path.isfile(self.root.joinpath(*parts))
+
+    def _unopenable(self, rel: str) -> bool:
+        """Whether ``rel`` (or a folder it lies in) is named already as not a file or as unreadable:
+        whatever else could be said about it (missing, differing from checksums.json) is unknown."""
+        return any(
+            p.cause in (UNREADABLE, NOT_A_FILE)
+            and (p.file == rel or p.line.startswith(f"{rel}:") or (p.file.endswith("/") and rel.startswith(p.file)))
+            for p in self.problems
+        )
 
     def _problem(self, rel: str, message: str) -> None:
         self.problems.append(Problem(rel, f"{rel}: {message}"))

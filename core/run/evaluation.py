@@ -12,26 +12,30 @@ Training is not disturbed: the copy is new (the trained model's mode, action que
 and parameters are never touched), and the torch RNG is forked around everything that
 draws from it (building the copy seeds it; a diffusion policy samples noise), so a run
 with evaluation trains bit-identically to one without and resumes exactly.
+
+Each evaluation is written into a hidden folder and renamed to ``eval/<step>/`` once
+whole (``core.eval.output``); when that folder holds an earlier evaluation of the step
+(made before the run was interrupted and resumed from an earlier checkpoint), the new
+one becomes ``eval/<step>.2/`` and a warning names both: no evaluation replaces another.
 """
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+import shutil
 
 import torch
 
+from lerobot_kit.core.distributed.process_group import broadcast_object
 from lerobot_kit.core.eval.evaluate import Evaluator
 from lerobot_kit.core.eval.metrics import metrics_row, summary
-from lerobot_kit.core.layout.paths import step_dir_name
+from lerobot_kit.core.eval.output import building_folder, new_token, publish_step_eval, step_eval_folder
 from lerobot_kit.core.model.peft import is_peft_model
 from lerobot_kit.core.model.policy import Policy
 from lerobot_kit.core.run.assemble import build_model
 from lerobot_kit.core.run.components import RunComponents
 
 logger = logging.getLogger("lerobot_kit")
-
-EVAL_DIR = "eval"
 
 
 class TrainingEvaluation:
@@ -48,11 +52,21 @@ class TrainingEvaluation:
         config = self.run.config
         if step % config.eval_freq and step != config.steps:
             return None
-        output_dir = eval_output(self.run.output_dir, step)
-        info = self.evaluator.run(self._policy_copy(), self.run.preprocessor, self.run.postprocessor,
-                                  output_dir, {"step": step})
-        if info is None:
-            return None
+        run, wanted = self.run, step_eval_folder(self.run.output_dir, step)
+        # Every rank writes its videos into one hidden folder, named by the main process.
+        building = building_folder(wanted, broadcast_object(run.ctx, new_token() if run.ctx.is_main else None))
+        try:
+            info = self.evaluator.run(self._policy_copy(), run.preprocessor, run.postprocessor, building,
+                                      {"step": step})
+            if info is None:
+                return None
+            output_dir = publish_step_eval(building, run.output_dir, step)  # all ranks' videos are written
+        finally:
+            if run.ctx.is_main:
+                shutil.rmtree(building, ignore_errors=True)  # gone already when it was published
+        if output_dir != wanted:
+            logger.warning(f"eval step {step}: {wanted} holds an earlier evaluation of this step (from before the "
+                           f"run resumed); this one is {output_dir}, and nothing was overwritten")
         logger.info(f"eval step {step} | {summary(info)} | {output_dir}")
         return metrics_row(info, step)
 
@@ -80,9 +94,3 @@ class TrainingEvaluation:
 def evaluation_hooks(run: RunComponents) -> list[TrainingEvaluation]:
     """The trainer's step hooks: one evaluation when ``--eval_freq`` is set, else none."""
     return [TrainingEvaluation(run)] if run.config.eval_freq else []
-
-
-def eval_output(output_dir: Path, step: int) -> Path:
-    """``<output_dir>/eval/<step>/``: numbered as ``checkpoints/<step>/``, outside it, so checkpoint
-    folders stay exactly what the checkpoint code writes and publishes."""
-    return output_dir / EVAL_DIR / step_dir_name(step)

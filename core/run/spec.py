@@ -21,7 +21,8 @@ from typing import Any
 from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.errors import CheckpointError, ConfigError
 from lerobot_kit.core.layout import paths
-from lerobot_kit.core.layout.files import RESUME_ADVICE
+from lerobot_kit.core.layout.files import resume_advice
+from lerobot_kit.core.layout.paths import later_steps, resumable_steps
 from lerobot_kit.core.layout.validate import check_loadable, check_resumable
 from lerobot_kit.core.parallel.dims import ParallelDims
 from lerobot_kit.core.run.output_dir import check_writable
@@ -102,7 +103,7 @@ def resolve_run(config: TrainConfig, world_size: int, restarts: Restarts = Resta
         check_loadable(paths.find_pretrained_dir(Path(config.policy.path)))  # the weights the run starts from
     nothing_left = None
     if resume_from is not None:
-        check_resumable(resume_from, RESUME_ADVICE)
+        check_resumable(resume_from, resume_advice(resume_from))
         check_resume_changes(config, resume_from, output_dir, peft_base)
         nothing_left = _nothing_left(config, resume_from)
         if restarts.count == 0 and config.resume_from is not None and nothing_left is None:
@@ -278,24 +279,6 @@ def _newest_checkpoint(output_dir: Path) -> tuple[Path | None, str]:
     newest = steps[max(steps)]
     return newest, (f"; {paths.CHECKPOINTS_DIR}/{paths.LAST_LINK} is missing, so the newest complete step folder "
                     f"{newest.name} is used")
-
-
-def resumable_steps(output_dir: Path) -> dict[int, Path]:
-    """Complete step folders by step: published atomically, so every ``NNNNNN`` folder is whole."""
-    root = paths.checkpoints_root(output_dir)
-    if not root.is_dir():
-        return {}
-    return {
-        int(d.name): d for d in root.iterdir()
-        if paths.is_step_dir_name(d.name) and not d.is_symlink() and (d / paths.PRETRAINED_DIR).is_dir()
-        and (d / paths.TRAINING_STATE_DIR).is_dir()
-    }
-
-
-def later_steps(output_dir: Path, step: int) -> tuple[Path, ...]:
-    """The complete step folders after ``step``, oldest first."""
-    steps = resumable_steps(output_dir)
-    return tuple(steps[s] for s in sorted(steps) if s > step)
 
 
 def _step_number(step_dir: Path) -> int:

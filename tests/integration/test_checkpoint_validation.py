@@ -31,7 +31,7 @@ import torch.distributed.checkpoint as dcp
 from conftest import TINY_ACT, launch_env, pool_cli, pool_train, run_cli
 from safetensors.torch import load_file, save_file
 
-from lerobot_kit.core.layout.files import RESUME_ADVICE
+from lerobot_kit.core.layout.files import resume_advice
 from lerobot_kit.core.layout.manifest import MANIFEST, write_manifest
 
 SMALL_DATA = ["--dataset.num_episodes=2", "--dataset.episode_length=20"]
@@ -158,7 +158,8 @@ def weights_file_that_is_a_folder(step: Path, scratch: Path) -> str:
     (step / P / "model.safetensors").unlink()
     (step / P / "model.safetensors").mkdir()
     unverified(step)
-    return f"{P}/model.safetensors: not a file (training_state/training_step.json says peft: false, weights: gathered)"
+    return (f"{P}/model.safetensors: a folder, not a file (training_state/training_step.json says peft: false, "
+            "weights: gathered)")
 
 
 def peft_base_gone(step: Path, scratch: Path) -> str:
@@ -276,7 +277,7 @@ def refused_alike(saved: Path, tmp_path: Path, case: Case, pools) -> None:
     assert resumed.returncode == 1, resumed.stderr[-3000:]
     [refused] = errors(resumed.stderr)
     assert refused.startswith(f"error: {whole}"), refused
-    assert case.link or refused.endswith(f"; the checkpoint is {damaged(line)}: {RESUME_ADVICE}"), refused
+    assert case.link or refused.endswith(f"; the checkpoint is {damaged(line)}: {resume_advice(step)}"), refused
 
     if case.loading_reads_it:
         evaluated = pool_cli(pools, "eval", f"--policy.path={run / 'checkpoints' / 'last'}", "--eval.n_episodes=1",

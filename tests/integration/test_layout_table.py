@@ -96,6 +96,6 @@ def test_the_console_scripts_agree_on_a_missing_scheduler_state(checkpoints: dic
     resumed = run_cli("train", "--resume=true", f"--output_dir={run}", "--steps=10")
     assert resumed.returncode == 1, resumed.stderr
     assert resumed.stderr.splitlines() == [
-        f"error: {step_dir}/{line}; the checkpoint is incomplete: resume from an earlier step folder "
-        "(--resume=true --resume_from=<step>, which removes the later ones)"
+        f"error: {step_dir}/{line}; the checkpoint is incomplete: {run} has no earlier step folder to resume from: "
+        "start a new run in another --output_dir"
     ]

@@ -68,3 +68,24 @@ def test_an_unclaimed_checkpoint_is_read_as_its_own_type(claiming_plugin: None, 
     path = _checkpoint(tmp_path / "native", {"type": "act", "dim_model": 48})
     config = parse_train_config([f"--policy.path={path}"])
     assert config.policy.type == "act" and config.policy.dim_model == 48
+
+
+def test_a_claimed_config_is_validated_by_its_claiming_type_alike_everywhere(
+    claiming_plugin: None, tmp_path: Path
+) -> None:
+    """The one check inspect-checkpoint, the loaders and --policy.path share validates a claimed
+    config.json as --policy.path hands it over: the folder, read by the claiming type."""
+    from lerobot_kit.core.errors import CheckpointError
+    from lerobot_kit.core.layout.validate import check_pretrained_folder
+    from lerobot_kit.core.offline.inspect import inspect_checkpoint
+
+    path = _checkpoint(tmp_path / "foreign", {"type": "foreign", "width": "four", "input_features": {}})
+    problem = ("foreign/config.json: not a valid 'foreign_bridge' config: width: Input should be a valid integer, "
+               "unable to parse string as an integer (got 'four')")
+    assert [p.line for p in check_pretrained_folder(path).problems] == [problem]
+    report = inspect_checkpoint(path)
+    assert report.problems == [problem] and report.loadable.why == problem and not report.loadable.ok
+    with pytest.raises(CheckpointError) as refused:
+        parse_train_config([f"--policy.path={path}"])
+    assert str(refused.value) == (
+        f"{tmp_path}/{problem}; the checkpoint is damaged: load an earlier step folder of the run")

@@ -33,6 +33,8 @@ TOP_LAYERS = ["api", "plugins", "cli"]
 UPWARD_AT_CALL_TIME = {
     # The flag parser asks the registry for the config class a plugin registered under --policy.type.
     ("config", "registry"),
+    # The checkpoint check validates config.json as --policy.path does: by its policy type's config class.
+    ("layout", "config"),
     # The registry checks a plugin's target against its contract (Policy, PolicyDataset, Launcher,
     # CheckpointFormat, VectorEnv) when the target is first used; importing the contract then keeps
     # the registry, and so `lerobot --help`, free of torch.
