@@ -328,6 +328,53 @@ def run_timed(
     return timed
 
 
+class LineServer:
+    """A child process kept running between measurements, one JSON line out per line in:
+    the other side of a pair is measured while it waits, and its start-up (imports, opening
+    a dataset) is paid once. Its first line says it is ready."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], timeout: float = 600) -> None:
+        self.timeout = timeout
+        self.stderr = tempfile.TemporaryFile("w+")  # a file, not a pipe: chatter never fills it and blocks the child
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.stderr, text=True)
+        self.ready = self.reply()
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def reply(self) -> dict[str, Any]:
+        """The next JSON line it prints (other lines, a library's chatter, are skipped)."""
+        assert self.proc.stdout is not None
+        killer = threading.Timer(self.timeout, self.proc.kill)
+        killer.start()
+        try:
+            for line in self.proc.stdout:
+                if line.startswith("{"):
+                    return json.loads(line)
+        finally:
+            killer.cancel()
+        self.stderr.seek(0)
+        raise RuntimeError(f"{' '.join(map(str, self.proc.args[:3]))} ... exited {self.proc.wait()}:\n"
+                           f"{self.stderr.read()[-3000:]}")
+
+    def ask(self, line: str) -> dict[str, Any]:
+        self.send(line)
+        return self.reply()
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.stderr.close()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

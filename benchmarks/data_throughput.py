@@ -13,9 +13,23 @@ builds (ACT's 100-frame action chunk and the camera frame per item; under unifor
 sampling each request is a collated batch of 8, under
 ``--dataset.sampler.type=episode_blocks`` one block's items), counted in samples/s. The
 reference is the limit of any reader: PyAV decoding the same file front to back, one
-thread, converting every frame to RGB as LeRobot's reader does. Both run single-threaded
+thread, converting every frame to RGB as LeRobot's reader does (by one converter for all
+frames, as the reader converts them, not one per frame as ``to_ndarray(format=...)``). Both run single-threaded
 in this process and are timed in CPU seconds (a worker's throughput when it has a core:
 on a shared machine, wall time measures the neighbours too). Blocks alternate.
+
+Against LeRobot and against the decoder, on 1 and 3 cameras: the 2k-frame 480×640 AV1
+datasets of ``data_video`` (3 cameras: the camera's files copied to two more cameras),
+the loader ``lerobot train`` builds (``build_loader``: shuffled, batch 8, 2 workers,
+action chunk 50) drained in this process, in samples/s of wall time. Beside it, blocks
+alternating: LeRobot's reader as lerobot-train feeds it (``LeRobotDataset`` with its
+default video backend in a shuffled DataLoader of 2 workers, in LeRobot's own Python:
+``data_video.lerobot_python``; left out when there is none, and in smoke runs), goal
+≥ 5×; and the decoder's limit on the same cores: 2 processes (one per worker) decoding
+the same files front to back, one thread each, every frame converted to RGB by one
+converter, in frames per second over the cameras, goal ≥ 0.5. Each block first takes
+the batches the workers prefetched while the other side ran, then times the next ones.
+Whether the camera frames of 16 random items equal LeRobot's is a row of its own.
 
 Data wait: ``lerobot train`` with ACT at LeRobot's sizes (``_common.LEROBOT_ACT``: 51.6 M
 parameters with resnet18, batch 8) on that dataset with the default workers; the log's
@@ -30,14 +44,30 @@ and the row says so. Without torchvision the row is left out.
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
-from _common import LEROBOT_ACT, REPO, Context, Result, Row, alternate, clean_env, judge, logged_rows, paired, run_timed
-from data_video import video_dataset
+import numpy as np
+
+from _common import (
+    LEROBOT_ACT,
+    REPO,
+    Context,
+    LineServer,
+    Result,
+    Row,
+    alternate,
+    clean_env,
+    judge,
+    logged_rows,
+    paired,
+    run_timed,
+)
+from data_video import CHUNK, LEROBOT_LOADER, lerobot_python, rgb_converter, video_dataset
 from loop_overhead import bare_loop
 
 NAME = "data"
@@ -45,6 +75,11 @@ GOAL = ">= 10"
 BATCH = 8
 BLOCK_GOAL = ">= 0.5"
 WAIT_GOAL = "<= 0.05"
+LEROBOT_GOAL = ">= 5"
+LIMIT_GOAL = ">= 0.5"
+WORKERS = 2
+CAMERAS = (1, 3)
+SAME_ITEMS = 16
 
 
 def _lerobot_dataset(ctx: Context) -> list[str]:
@@ -82,8 +117,11 @@ def _loader_rate(ctx: Context, flags: list[str], batches: int, slug: str) -> Cal
 
 
 def _front_to_back(video: Path) -> Callable[[], float]:
-    """Frames per CPU-second of PyAV decoding ``video`` whole, one thread, each frame converted to RGB."""
+    """Frames per CPU-second of PyAV decoding ``video`` whole, one thread, each frame converted
+    to RGB (``data_video.rgb_converter``)."""
     import av
+
+    to_rgb = rgb_converter()
 
     def rate() -> float:
         start, count = time.process_time(), 0
@@ -91,7 +129,7 @@ def _front_to_back(video: Path) -> Callable[[], float]:
             stream = container.streams.video[0]
             stream.codec_context.thread_count = 1
             for frame in container.decode(stream):
-                frame.to_ndarray(format="rgb24")
+                to_rgb(frame)
                 count += 1
         return count / (time.process_time() - start)
 
@@ -161,6 +199,121 @@ def _per_worker(ctx: Context, result: Result, root: Path) -> None:
         ))
 
 
+def _drain(batches: Iterator[Any], skip: int, count: int) -> float:
+    """Samples/s over ``count`` batches, after taking ``skip`` (those prefetched while idle)."""
+    for _ in range(skip):
+        next(batches)
+    start = time.perf_counter()
+    for _ in range(count):
+        next(batches)
+    return count * BATCH / (time.perf_counter() - start)
+
+
+def _decoder_limit(ctx: Context, root: Path, cameras: int) -> tuple[Callable[[], float], list[LineServer]]:
+    """Samples/s (frames per second over the cameras) of ``WORKERS`` processes decoding the
+    dataset's video files front to back at once, each through every file in turn."""
+    files = sorted(str(path) for path in (root / "videos").rglob("*.mp4"))
+    script = str(Path(__file__).with_name("data_video.py"))
+    servers = [LineServer([sys.executable, script, "front_to_back", *files[n:], *files[:n]], clean_env(ctx.workdir))
+               for n in range(WORKERS)]
+    frames = ctx.pick(40, 600)
+
+    def rate() -> float:
+        for server in servers:
+            server.send(str(frames))
+        done = [server.reply() for server in servers]
+        seconds = max(d["end"] for d in done) - min(d["start"] for d in done)
+        return sum(d["frames"] for d in done) / seconds / cameras
+
+    return rate, servers
+
+
+def _same_items(ctx: Context, root: Path, lerobot: LineServer) -> bool:
+    """Whether the camera frames of random items equal those LeRobot's reader serves."""
+    import hashlib
+
+    from lerobot_kit.plugins.datasets.lerobot.plugin import LeRobotDatasetConfig
+    from lerobot_kit.plugins.datasets.lerobot.reader import make_lerobot_dataset
+
+    dataset = make_lerobot_dataset(LeRobotDatasetConfig(repo_id="bench/video", root=str(root)), {})
+    indices = np.random.default_rng(0).permutation(len(dataset))[:SAME_ITEMS].tolist()
+    cameras = dataset.meta.image_keys()
+    ours = [[hashlib.sha256(item[key].contiguous().numpy().tobytes()).hexdigest() for key in cameras]
+            for item in dataset.items(indices, uint8_cameras=True)]
+    theirs = lerobot.ask(f"digest {json.dumps(indices)}")["digests"]
+    return ours == theirs
+
+
+def _against_lerobot_and_decoder(ctx: Context, result: Result) -> None:
+    import torch
+
+    from lerobot_kit.core.config.flags import parse_train_config
+    from lerobot_kit.core.data.build import build_dataset
+    from lerobot_kit.core.data.loader import PREFETCH_BATCHES, build_loader
+    from lerobot_kit.core.data.sampler import DataPosition
+
+    python = None if ctx.smoke else lerobot_python()
+    if python is None:
+        result.details["lerobot reader"] = "left out: a smoke run, or no Python with LeRobot ($LEROBOT_PYTHON)"
+    skip, reps = WORKERS * PREFETCH_BATCHES, ctx.pick(2, 4)
+    for cameras in CAMERAS:
+        root = video_dataset(ctx, ctx.pick(100, 2000), cameras)
+        label = f"loader, {cameras} camera{'s' if cameras > 1 else ''} {_shape(root)} AV1"
+        config = parse_train_config([
+            "--dataset.repo_id=bench/video", f"--dataset.root={root}", f"--policy.chunk_size={CHUNK}",
+            f"--policy.n_action_steps={CHUNK}", f"--batch_size={BATCH}", f"--num_workers={WORKERS}",
+            f"--output_dir={ctx.folder(NAME, f'cameras{cameras}') / 'run'}"])
+        loader = build_loader(build_dataset(config), config, 1, 0, DataPosition(), torch.device("cpu"))
+        batches = iter(loader)
+        count = ctx.pick(2, 30)
+        ours = lambda: _drain(batches, skip, count)  # noqa: E731
+        ours()  # warm-up: workers started, decoders opened, column caches built
+        limit, servers = _decoder_limit(ctx, root, cameras)
+        try:
+            delivered, decoder = alternate(reps, ours, limit)
+            stats = paired(delivered, decoder)
+            result.details[f"{label}, decoder limit"] = {**stats, "delivered": delivered, "limit": decoder}
+            result.rows.append(Row(
+                f"{label}: samples/s vs decoding the same files front to back on {WORKERS} processes",
+                stats["ours"], stats["reference"], "samples/s", stats["ratio"], LIMIT_GOAL,
+                judge(stats["ratio"], LIMIT_GOAL),
+                f"build_loader: shuffled, batch {BATCH}, {WORKERS} workers, chunk {CHUNK}; limit: frames/s / cameras",
+            ))
+            if python is not None:
+                lerobot = LineServer([python, "-c", LEROBOT_LOADER, str(root), str(BATCH), str(WORKERS)],
+                                     clean_env(ctx.workdir), timeout=1800)
+                servers.append(lerobot)
+                theirs = lambda: lerobot.ask(f"rate {skip} {ctx.pick(2, 10)}")["rate"]  # noqa: E731
+                theirs()  # warm-up
+                delivered, reference = alternate(reps, ours, theirs)
+                stats = paired(delivered, reference)
+                backend, version = lerobot.ready["backend"], lerobot.ready["lerobot"]
+                result.details[f"{label}, lerobot"] = {**stats, "delivered": delivered, "lerobot": reference,
+                                                       "backend": backend, "version": version}
+                result.rows.append(Row(
+                    f"{label}: samples/s vs LeRobot's reader", stats["ours"], stats["reference"], "samples/s",
+                    stats["ratio"], LEROBOT_GOAL, judge(stats["ratio"], LEROBOT_GOAL),
+                    f"LeRobot {version} LeRobotDataset ({backend}) in a shuffled DataLoader, same batch, workers, "
+                    "chunk",
+                ))
+                equal = _same_items(ctx, root, lerobot)
+                result.rows.append(Row(
+                    f"{cameras} camera{'s' if cameras > 1 else ''}: {SAME_ITEMS} random items' camera frames "
+                    "bit-identical to LeRobot's reader", float(equal), 1.0, "all equal", float(equal), ">= 1",
+                    judge(float(equal), ">= 1"), f"LeRobotDataset ({backend})",
+                ))
+        finally:
+            loader.close()
+            for server in servers:
+                server.close()
+
+
+def _shape(root: Path) -> str:
+    features = json.loads((root / "meta/info.json").read_text())["features"]
+    height, width, _ = next(f for f in features.values() if f["dtype"] == "video")["shape"]
+    return f"{height}x{width}"
+
+
 def _data_wait(ctx: Context, result: Result, root: Path) -> None:
     torchvision = None if ctx.smoke else _torchvision()  # the smoke run's ACT has no resnet18
     if torchvision is None and not ctx.smoke:
@@ -218,5 +371,6 @@ def run(ctx: Context) -> Result:
         return result
     root = video_dataset(ctx, ctx.pick(100, 2000))
     _per_worker(ctx, result, root)
+    _against_lerobot_and_decoder(ctx, result)
     _data_wait(ctx, result, root)
     return result

@@ -199,10 +199,14 @@ def render_plan_table(data: dict[str, Any], spec: Spec) -> str:
 
 
 COMPARISON_ROWS = (("samples/s", "samples_per_s", "{:.2f}"), ("MFU", "mfu", "{:.1%}"),
+                   ("CPU time per sample, training process (s)", "cpu_s_per_sample", "{:.2f}"),
                    ("peak GPU memory, allocated (GiB)", "peak_gpu_gib", "{:.2f}"),
                    ("data-wait share", "data_wait_share", "{:.1%}"),
                    ("peak RSS, training process (GiB)", "peak_rss_gib", "{:.2f}"),
                    ("peak PSS, process tree (GiB)", "peak_pss_gib", "{:.2f}"),
+                   ("activation memory of a step, planned (GiB)", "plan_activation_gib", "{:.2f}"),
+                   ("activation memory of a step, measured (GiB)", "activation_gib", "{:.2f}"),
+                   ("CPU time of a forward and backward, model alone (s)", "step_cpu_s", "{:.2f}"),
                    ("time to first step (s)", "first_step_s", "{:.1f}"))
 
 

@@ -11,10 +11,13 @@ and the benchmarks call it):
 - Workers: ``--num_workers`` (default: automatic, ``cpus per rank - 1``, at most
   ``MAX_AUTO_WORKERS``, so 0 on one core; 0 for a dataset held in memory, whose items
   cost less than a batch's trip between processes), persistent, ``PREFETCH_BATCHES`` batches
-  ahead each, pinned memory when training on CUDA. Camera frames leave the workers as
-  uint8, as stored (unless augmented, which works in float): converting and collating
-  float frames cost a worker more than decoding them. The main process converts them to
-  float in [0, 1] — on the device, after a 4× smaller copy, when training on CUDA.
+  ahead each, pinned memory when training on CUDA. What a worker returns travels packed
+  in one block of shared memory (``core.data.packed``): one trip per batch, not one per
+  tensor. Camera frames leave the workers as uint8, as stored (unless augmented, which
+  works in float): converting and collating float frames cost a worker more than decoding
+  them. The main process converts them to float in [0, 1] — on the device, after a 4×
+  smaller copy, when training on CUDA (the block pinned by DataLoader's pinning thread,
+  copied without blocking).
 - Randomness: an item's augmentation draws come from a generator seeded by
   ``(seed, epoch, sample index)`` — not from a worker's RNG — so the same sample gets
   the same augmentation whichever worker serves it, and a resumed run, with workers or
@@ -41,13 +44,15 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, default_collate
+from torch.utils.data import DataLoader, default_collate, get_worker_info
 
 from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.data.blocks import BlockPlan, EpochPlan, epoch_starts
 from lerobot_kit.core.data.dataset import EPOCH_KEY, PolicyDataset, camera_to_float
 from lerobot_kit.core.data.member_quota import MemberQuota
+from lerobot_kit.core.data.packed import Packed
 from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
+from lerobot_kit.core.data.shared_blocks import SharedBlocks
 from lerobot_kit.core.errors import ConfigError, LerobotError
 
 MAX_AUTO_WORKERS = 4  # LeRobot's default; more rarely helps a single GPU's step
@@ -124,8 +129,8 @@ class TrainingItems:
                 generator = torch.Generator().manual_seed(sample_seed(self.seed, epoch, index))
                 for camera in self.cameras:
                     item[camera] = self.augment(camera_to_float(item[camera]), generator)
-        for (epoch, _), item in zip(keys, items):
-            item[EPOCH_KEY] = torch.tensor(epoch, dtype=torch.int64)
+        for epoch, item in zip(torch.tensor([epoch for epoch, _ in keys], dtype=torch.int64).unbind(), items):
+            item[EPOCH_KEY] = epoch  # views of one tensor: a tensor apiece costs more than a small item's reading
         return items
 
     def __getitem__(self, key: tuple[int, int]) -> Batch:
@@ -155,12 +160,22 @@ def _stack(values: list[Any]) -> Any:
     return default_collate(values)
 
 
-def _collate(items: list[Batch] | _Fault) -> Batch | _Fault:
-    return items if isinstance(items, _Fault) else collate(items)
+class _Collate:
+    """DataLoader's ``collate_fn``: a batch; from a worker, packed for the trip to the main
+    process (``core.data.packed``) in one of the worker's reusable blocks."""
+
+    def __init__(self, blocks: SharedBlocks | None) -> None:
+        self.blocks = blocks
+
+    def __call__(self, items: list[Batch] | _Fault) -> Batch | Packed | _Fault:
+        if isinstance(items, _Fault):
+            return items
+        return collate(items) if get_worker_info() is None else Packed.batch(items, self.blocks)
 
 
-def _as_is(items: list[Batch] | _Fault) -> list[Batch] | _Fault:
-    return items
+def _as_is(items: list[Batch] | _Fault) -> list[Batch] | Packed | _Fault:
+    """Items left to collate in the main process (block sampling); from a worker, packed."""
+    return items if isinstance(items, _Fault) or get_worker_info() is None else Packed.items(items)
 
 
 def _seed_worker(worker_id: int, seed: int, rank: int, epoch: int, stop_signals: tuple[int, ...] = ()) -> None:
@@ -248,9 +263,26 @@ class TrainingLoader:
         self._workers: Any = None  # the DataLoader iterator that owns the worker processes
 
     def __iter__(self) -> Iterator[Batch]:
-        batches = self._results() if self.blocks is None else self.blocks.batches(self._results())
-        for batch in batches:
+        if self.blocks is None:
+            for result in self._results():
+                yield self._delivered(result)
+            return
+        items = (result.unpack() if isinstance(result, Packed) else result for result in self._results())
+        for batch in self.blocks.batches(items):
             yield self._cameras_to_float(batch)
+
+    def _delivered(self, result: Batch | Packed) -> Batch:
+        """A batch from the workers, its cameras float; a packed batch's reusable block handed
+        back to its worker, once what still viewed it is copied out (its frames were converted)."""
+        if not isinstance(result, Packed):
+            return self._cameras_to_float(result)
+        batch = self._cameras_to_float(result.unpack())  # type: ignore[arg-type]  # a batch, not items
+        if result.slot is not None:
+            block = result.block.untyped_storage().data_ptr()
+            batch = {key: value.clone() if isinstance(value, torch.Tensor)
+                     and value.untyped_storage().data_ptr() == block else value for key, value in batch.items()}
+            result.release()
+        return batch
 
     def _cameras_to_float(self, batch: Batch) -> Batch:
         """uint8 camera batches as float in [0, 1]; on CUDA after the (4× smaller) copy to the device."""
@@ -359,7 +391,8 @@ def build_loader(
         TrainingItems(dataset, config),  # type: ignore[arg-type]  # map-style: __len__/__getitem__
         batch_sampler=batch_sampler,
         num_workers=workers,
-        collate_fn=_collate if blocks is None else _as_is,  # blocks are collated in buffer order
+        # Blocks are collated in buffer order, in the main process.
+        collate_fn=_Collate(SharedBlocks(workers) if workers else None) if blocks is None else _as_is,
         pin_memory=pin and blocks is None,
         # A private generator: creating the iterator must not draw from the global RNG, or a
         # resumed run's dropout would drift from the uninterrupted run's.

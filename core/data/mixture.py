@@ -110,6 +110,7 @@ class MixtureDataset(PolicyDataset):
             num_frames=int(frames.sum()),
         )
         self.reads_on_demand = any(member.dataset.reads_on_demand for member in members)
+        self._item_names: list[dict[str, str | None]] = [{} for _ in members]  # per member: item key -> policy key
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -128,46 +129,59 @@ class MixtureDataset(PolicyDataset):
 
     def locate(self, i: int) -> tuple[int, int]:
         """``(member, index in the member)`` of mixture index ``i``."""
+        members, local = self._locate([i])
+        return int(members[0]), int(local[0])
+
+    def _locate(self, indices: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Each index's member and index in that member, all at once."""
         n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"sample {i} out of range for a mixture of {n} frames")
-        i = int(i) % n
-        member = int(np.searchsorted(self.starts, i, side="right") - 1)
-        return member, i - int(self.starts[member])
+        positions = np.asarray(indices, dtype=np.int64)
+        outside = (positions < -n) | (positions >= n)
+        if outside.any():
+            raise IndexError(f"sample {int(positions[outside][0])} out of range for a mixture of {n} frames")
+        positions = positions % n
+        members = np.searchsorted(self.starts, positions, side="right") - 1
+        return members, positions - self.starts[members]
 
     def item(self, i: int, *, uint8_cameras: bool = False) -> dict[str, torch.Tensor]:
         return self.items([i], uint8_cameras=uint8_cameras)[0]
 
     def items(self, indices: list[int], *, uint8_cameras: bool = False) -> list[dict[str, torch.Tensor]]:
         """Each member's items read together (its own ``items``), then put in the policy's terms."""
-        located = [self.locate(i) for i in indices]
+        import torch
+
+        members, local = self._locate(indices)
         by_member: dict[int, list[int]] = {}
-        for slot, (member, _) in enumerate(located):
+        for slot, member in enumerate(members.tolist()):
             by_member.setdefault(member, []).append(slot)
+        # Views of one tensor each: a tensor apiece costs more than the rest of a small item's reshaping.
+        member_tensors = torch.from_numpy(members).unbind()
+        index_tensors = torch.from_numpy(local + self.starts[members]).unbind()
         out: list[dict[str, Any]] = [{} for _ in indices]
         for member, slots in by_member.items():
             dataset = self.members[member].dataset
-            local = [located[s][1] for s in slots]
-            read = dataset.items(local, uint8_cameras=uint8_cameras) if _reads_items(dataset) else \
-                [dataset[i] for i in local]
+            wanted = local[slots].tolist()
+            read = dataset.items(wanted, uint8_cameras=uint8_cameras) if _reads_items(dataset) else \
+                [dataset[i] for i in wanted]
             for slot, item in zip(slots, read):
-                out[slot] = self._as_policy_item(member, item, int(self.starts[member]) + located[slot][1],
-                                                 uint8_cameras)
+                out[slot] = self._as_policy_item(member, item, uint8_cameras)
+                out[slot][MEMBER_KEY] = member_tensors[slot]
+                out[slot][INDEX_KEY] = index_tensors[slot]
         return out
 
-    def _as_policy_item(self, member: int, item: dict[str, Any], index: int, uint8_cameras: bool) -> dict[str, Any]:
+    def _as_policy_item(self, member: int, item: dict[str, Any], uint8_cameras: bool) -> dict[str, Any]:
+        """A member's item in the policy's terms, but for its member and index."""
         import torch
 
-        rename = self.members[member].rename
         features = self.meta.features
+        names = self._item_names[member]
         out: dict[str, Any] = {}
         for key, value in item.items():
-            base, is_pad = (key[: -len(PAD_SUFFIX)], True) if key.endswith(PAD_SUFFIX) else (key, False)
-            name = rename.get(base, base)
-            if name in features:
-                out[pad_key(name) if is_pad else name] = value
-            elif key in ITEM_FACTS:
-                out[key] = value
+            if key not in names:
+                names[key] = self._policy_name(member, key)
+            name = names[key]
+            if name is not None:
+                out[name] = value
         for key, width in self.widths[member].items():
             wanted = features[key].shape[0]
             if width < wanted:
@@ -182,9 +196,16 @@ class MixtureDataset(PolicyDataset):
             out[missing_key(camera)] = torch.tensor(camera in self.missing[member])
         if self.has_tasks and TASK_KEY not in out:
             out[TASK_KEY] = ""
-        out[MEMBER_KEY] = torch.tensor(member, dtype=torch.int64)
-        out[INDEX_KEY] = torch.tensor(index, dtype=torch.int64)
         return out
+
+    def _policy_name(self, member: int, key: str) -> str | None:
+        """The key a member's item key has in the policy's items, None if left out (worked out
+        once per member and key: a mixture reads each member's keys over and over)."""
+        base, is_pad = (key[: -len(PAD_SUFFIX)], True) if key.endswith(PAD_SUFFIX) else (key, False)
+        name = self.members[member].rename.get(base, base)
+        if name in self.meta.features:
+            return pad_key(name) if is_pad else name
+        return key if key in ITEM_FACTS else None
 
     def check_policy(self, policy_type: str, accepts_missing_cameras: bool, pads_vectors: bool) -> None:
         """Refuse, in one line naming members, what the policy cannot take: a camera some member

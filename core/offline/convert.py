@@ -60,10 +60,11 @@ from typing import Any
 
 import torch
 
-from lerobot_kit.core.errors import CheckpointError, first_line
+from lerobot_kit.core.errors import CheckpointError, first_line, os_error_line
 from lerobot_kit.core.layout import dcp_metadata, manifest
 from lerobot_kit.core.layout.fsync import fsync_dir
 from lerobot_kit.core.layout.json_file import read_json
+from lerobot_kit.core.layout.no_space import free_bytes, is_no_space, no_space_line
 from lerobot_kit.core.layout.paths import (
     DATASET_META,
     DCP_METADATA,
@@ -157,6 +158,12 @@ class ConvertResult:
         )
 
 
+RECORDS_ROOM = 64 << 10
+"""Bytes kept free beyond the merged file, for rewriting ``training_step.json`` and ``checksums.json``."""
+
+_NOTHING_CHANGED = "nothing was changed (the DCP shards are intact, and no partial file is left): free space there, " \
+    "then run convert-dcp again"
+
 _VERIFY_BLOCK = 8 << 20
 """Bytes read back per ``readinto`` while verifying."""
 
@@ -199,27 +206,41 @@ def convert_dcp(
     step_dir = pretrained.parent
     recorded = _manifest_checked_before_reading(step_dir) if pretrained.name == PRETRAINED_DIR else None
     tmp = output.with_name(output.name + TMP_SUFFIX)
+    header = _header(entries)
+    needed = len(header) + sum(e.nbytes for e in entries) + RECORDS_ROOM
+    free = free_bytes(pretrained)
+    if free is not None and free < needed:
+        raise CheckpointError(f"{no_space_line(output, needed)}; {_NOTHING_CHANGED}")
     try:
         with _ShardCheck(step_dir) if recorded is not None else nullcontext():
             if not stored.adapter:
                 _check_shapes(pretrained, entries)
             with ChunkReader(dcp_dir, metadata) as reader:
-                digest = _write(tmp, _header(entries), entries, reader, progress)
+                digest = _write(tmp, header, entries, reader, progress)
             _check_header(tmp, entries)
             if recorded is None:
                 _read_back(tmp, digest, progress)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if is_no_space(exc):
+            raise CheckpointError(f"{no_space_line(output, needed, exc)}; {_NOTHING_CHANGED}") from exc
         raise
+    replaced = output.exists()
     os.replace(tmp, output)
     fsync_dir(pretrained)
-    rewrite_weights_kind(pretrained, "gathered" if delete_dcp else "gathered+dcp")
+    try:
+        rewrite_weights_kind(pretrained, "gathered" if delete_dcp else "gathered+dcp")
+    except OSError as exc:
+        raise _not_recorded(step_dir / TRAINING_STATE_DIR / TRAINING_STEP, output, not replaced, exc) from exc
     try:
         if delete_dcp:
             _delete_shards(dcp_dir, output)
     finally:
         if recorded is not None:
-            _record_output(step_dir, recorded, f"{PRETRAINED_DIR}/{output.name}", digest)
+            try:
+                _record_output(step_dir, recorded, f"{PRETRAINED_DIR}/{output.name}", digest)
+            except OSError as exc:
+                raise _not_recorded(step_dir / MANIFEST, output, False, exc) from exc
     return ConvertResult(
         output=output,
         tensors=len(entries),
@@ -228,6 +249,21 @@ def convert_dcp(
         peft=stored.adapter,
         deleted_dcp=delete_dcp,
     )
+
+
+def _not_recorded(record: Path, output: Path, undo: bool, exc: OSError) -> CheckpointError:
+    """The error of a conversion whose output is in place but whose ``record`` (``training_step.json``,
+    ``checksums.json``) could not be rewritten. The record's temporary file is removed; with
+    ``undo`` (nothing was replaced, nothing recorded yet) so is the output, leaving the
+    checkpoint as it was."""
+    record.with_name(record.name + TMP_SUFFIX).unlink(missing_ok=True)
+    if undo:
+        output.unlink(missing_ok=True)
+        outcome = _NOTHING_CHANGED
+    else:
+        outcome = f"{output} is written and in use, but {record} still describes the checkpoint before it"
+    failed = no_space_line(record, None, exc) if is_no_space(exc) else os_error_line(exc)
+    return CheckpointError(f"{output}: recording it failed: {failed}; {outcome}")
 
 
 def _delete_shards(dcp_dir: Path, output: Path) -> None:

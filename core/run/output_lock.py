@@ -40,6 +40,7 @@ Every wait says once what it waits for and for how long.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import json
@@ -57,6 +58,7 @@ from pathlib import Path
 
 from lerobot_kit.core.distributed.launcher import env_int
 from lerobot_kit.core.errors import LerobotError, os_error_line
+from lerobot_kit.core.layout.no_space import is_no_space, no_space_line
 
 LOCK_FILE = ".lerobot-kit.lock"
 TAKEOVER_SUFFIX = ".takeover"
@@ -75,6 +77,16 @@ logger = logging.getLogger("lerobot_kit")
 
 class OutputLockedError(LerobotError):
     """Another live run holds the output folder (exit code 1: nothing was written)."""
+
+
+class LockWriteError(LerobotError):
+    """The disk refused room for the lock or its folder (exit code 1: nothing was written)."""
+
+    @classmethod
+    def no_space(cls, path: Path, exc: OSError, needed: int | None, output_dir: Path) -> LockWriteError:
+        return cls(f"--output_dir={output_dir}: the run's lock could not be written: "
+                   f"{no_space_line(path, needed, exc)}; free space there, or pass another --output_dir. "
+                   "Nothing was written")
 
 
 class LockPathError(LerobotError):
@@ -432,7 +444,15 @@ def _make_dirs(output_dir: Path) -> list[Path]:
     while not folder.exists() and folder != folder.parent:
         missing.append(folder)
         folder = folder.parent
-    output_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        for folder in missing:  # innermost first: the ones made before the failure
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if is_no_space(exc):
+            raise LockWriteError.no_space(Path(exc.filename or output_dir), exc, None, output_dir) from exc
+        raise
     return list(reversed(missing))
 
 
@@ -445,13 +465,20 @@ def _create(path: Path, raw: bytes) -> bool:
     except FileNotFoundError:  # a refused run removed the empty folder it had created: make it again
         path.parent.mkdir(parents=True, exist_ok=True)
         return _create(path, raw)
+    except OSError as exc:
+        if is_no_space(exc):
+            raise LockWriteError.no_space(path, exc, len(raw), path.parent) from exc
+        raise
     try:
-        os.write(fd, raw)
+        if os.write(fd, raw) != len(raw):  # a short write: the disk had room for part of it
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         os.fsync(fd)
-    except OSError:
+    except OSError as exc:
         os.close(fd)
         path.unlink(missing_ok=True)
-        raise
+        if is_no_space(exc):
+            raise LockWriteError.no_space(path, exc, len(raw), path.parent) from exc
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc  # a failed write names no file
     os.close(fd)
     return True
 

@@ -22,7 +22,6 @@ import pytest
 
 from lerobot_dataset_factory import STATE_KEY, VIDEO_KEY, WrittenDataset, write_lerobot_dataset
 from lerobot_kit.plugins.datasets.lerobot import video
-from lerobot_kit.plugins.datasets.lerobot.columns import MAX_OPEN_DATA_FILES
 from lerobot_kit.plugins.datasets.lerobot.plugin import LeRobotDatasetConfig
 from lerobot_kit.plugins.datasets.lerobot.reader import make_lerobot_dataset
 
@@ -30,9 +29,9 @@ DATASETS = 300
 EPISODES = [4, 3]
 OPEN_FILE_LIMIT = 1024
 CHILD_TIMEOUT_S = 240
-# Descriptors a process may hold beyond its imports: every mapped file and decoder the pools
-# allow, a file being opened, and the queue of the forked child.
-BOUND = MAX_OPEN_DATA_FILES + video.MAX_OPEN_DECODERS + 16
+# Descriptors the child may hold beyond its imports: every decoder and mapped file its pools
+# allow (half and a quarter of its limit), a file being opened, and the queue of the forked child.
+BOUND = OPEN_FILE_LIMIT // 2 + OPEN_FILE_LIMIT // 4 + 16
 
 CHILD = r"""
 import hashlib, json, multiprocessing, os, resource, sys

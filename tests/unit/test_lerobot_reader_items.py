@@ -32,6 +32,7 @@ from lerobot_dataset_factory import (
     write_lerobot_dataset,
 )
 from lerobot_kit.plugins.datasets.lerobot.plugin import LeRobotDatasetConfig
+from lerobot_kit.plugins.datasets.lerobot import video
 from lerobot_kit.plugins.datasets.lerobot.reader import make_lerobot_dataset
 
 LENGTHS = [7, 12, 5, 9]
@@ -155,3 +156,38 @@ def test_items_read_together_equal_items_read_one_by_one(tmp_path: Path, uint8_c
     cameras = dataset.item(5, uint8_cameras=True)
     assert cameras[VIDEO_KEY].dtype == torch.uint8 and cameras[IMAGE_KEY].dtype == torch.uint8
     assert torch.equal(cameras[VIDEO_KEY].float() / 255, dataset[5][VIDEO_KEY])
+
+
+def lerobot_pyav_frame(path: Path, time: float) -> np.ndarray:
+    """uint8 [3,H,W] of the frame LeRobot's PyAV reader serves for one query: seek one tick
+    before it, decode forward until a frame at or past it, take the nearest one."""
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        container.seek(round(time / stream.time_base) - 1, backward=True, any_frame=False, stream=stream)
+        loaded = []
+        for frame in container.decode(stream):
+            loaded.append((float(frame.pts * stream.time_base), frame.to_ndarray(format="rgb24")))
+            if loaded[-1][0] >= time:
+                break
+    return min(loaded, key=lambda loaded_frame: abs(loaded_frame[0] - time))[1].transpose(2, 0, 1)
+
+
+@pytest.mark.parametrize("codec", ["av1", "h264_gop2"])
+def test_a_random_query_decodes_only_what_its_frame_needs_and_serves_lerobots_pixels(tmp_path: Path,
+                                                                                     codec: str) -> None:
+    """LeRobot's seek lands a GOP early when the wanted frame is a key frame, and it decodes on
+    past a frame that its (float32) query time lies a hair after. Ours lands on the key frame
+    (where no B-frames reorder the stream) and stops at the wanted frame: random queries on a
+    GOP-2 AV1 video decode 1.5 frames each, LeRobot's about 2.8, and serve the same pixels."""
+    write_lerobot_dataset(tmp_path, [24, 16], video=True, image_size=64, codec=codec)
+    dataset = load(tmp_path, {})
+    path = dataset.info.video_file(VIDEO_KEY, dataset.episodes[0].videos[VIDEO_KEY])
+    order = np.random.default_rng(2).permutation(len(dataset)).tolist()
+    for i in order:
+        item = dataset.item(i, uint8_cameras=True)
+        assert np.array_equal(item[VIDEO_KEY].numpy(), lerobot_pyav_frame(path, i / dataset.info.fps)), i
+    decoded = video._OPEN.peek((dataset._videos._owner, path)).decoded / len(order)
+    if codec == "av1":
+        assert decoded <= 1.5, decoded
+    else:  # B-frames: LeRobot's seek margin kept
+        assert decoded >= 2, decoded

@@ -24,6 +24,13 @@ after its data file's size and modification time: a changed file gets a new entr
 Builders take a file lock, so concurrent ranks and workers build it once; an entry
 appears by an atomic rename, so a reader never sees half of one. An entry is built only
 after its file's float columns were found finite when the dataset was opened (``finite``).
+
+An entry is checked whenever it is opened (``cache_entry``). A damaged one is moved
+aside and rebuilt under the lock, with a warning; where its folder cannot be written,
+the run stops with one line naming the folder to delete. A build that fails (a full
+disk) removes its temporary folder and says, in one line, where, how much it needs and
+how much is free (``cache_writes``); temporary folders of builders that were killed are
+removed by the next build of their entry.
 """
 
 from __future__ import annotations
@@ -32,16 +39,31 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import math
-import mmap
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Hashable, Iterator
 
 import numpy as np
 
+from lerobot_kit.plugins.datasets.lerobot.cache_entry import (
+    ALIGNMENT,
+    ARRAYS,
+    FORMAT,
+    MANIFEST,
+    EntryDamaged,
+    EntryMissing,
+    FileColumns,
+    open_entry,
+)
+from lerobot_kit.plugins.datasets.lerobot.cache_writes import (
+    build_failed_line,
+    cannot_lock_line,
+    cannot_rebuild_line,
+    estimated_bytes,
+)
 from lerobot_kit.plugins.datasets.lerobot.files import (
     LeRobotDatasetError,
     parquet_columns,
@@ -49,38 +71,18 @@ from lerobot_kit.plugins.datasets.lerobot.files import (
     require_pyarrow,
 )
 from lerobot_kit.plugins.datasets.lerobot.meta import EpisodeRow, LeRobotInfo, SourceFeature
-from lerobot_kit.plugins.datasets.lerobot.open_files import OpenFiles
+from lerobot_kit.plugins.datasets.lerobot.open_files import OpenFiles, file_budget
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 CACHE_DIR = ".lerobot_kit_cache"
-# Bump when the layout of an entry, or what building one guarantees, changes (2: checked finite;
-# 3: all arrays in one file).
-FORMAT = 3
-MANIFEST = "manifest.json"
-ARRAYS = "arrays.bin"
-ALIGNMENT = 64  # of each array's offset in ``ARRAYS``
 IMAGE_BATCH_ROWS = 256  # rows of encoded images read at a time while building: bounds build memory
-# Per process, all datasets together (one file descriptor each): far under the usual limit
-# of 1024 open files, with room for the video decoders, the loader's pipes and libraries.
-MAX_OPEN_DATA_FILES = 64
+# Per process, all datasets together (one file descriptor each): a quarter of the open-file
+# limit (256 of the usual 1024), with room for the video decoders, the loader's pipes and libraries.
+MAX_OPEN_DATA_FILES = file_budget(1 / 4)
 
-
-@dataclass
-class FileColumns:
-    """One data file's rows, grouped by episode: arrays are read-only views of one memory map."""
-
-    numeric: dict[str, np.ndarray]
-    timestamp: np.ndarray | None
-    task_index: np.ndarray | None
-    image_bytes: dict[str, np.ndarray]  # uint8 blob per image feature
-    image_spans: dict[str, np.ndarray]  # [rows, 2] offset, length into the blob
-
-    def encoded_image(self, key: str, row: int) -> bytes:
-        offset, length = self.image_spans[key][row]
-        return self.image_bytes[key][offset : offset + length].tobytes()
-
+logger = logging.getLogger("lerobot_kit")
 
 _OPEN: OpenFiles[FileColumns] = OpenFiles(MAX_OPEN_DATA_FILES)  # this process's mapped data files
 
@@ -103,25 +105,53 @@ def episode_rows(rows_in_file: list[EpisodeRow]) -> dict[int, int]:
 
 
 def open_file_columns(info: LeRobotInfo, data_file: tuple[int, int], rows_in_file: list[EpisodeRow]) -> FileColumns:
-    """Map the cache entry of ``data_file`` (``rows_in_file``: every episode it holds), building it if needed."""
+    """Map the cache entry of ``data_file`` (``rows_in_file``: every episode it holds), building
+    it if needed and rebuilding it if damaged."""
     source = info.data_file(*data_file)
     entry = _entry_dir(info.root, source)
-    if not (entry / MANIFEST).is_file():
-        with _locked(entry.with_name(entry.name + ".lock")):
-            if not (entry / MANIFEST).is_file():
-                _build(info, source, sorted(rows_in_file, key=lambda r: r.index), entry)
-    return _open(entry)
+    rows = sorted(rows_in_file, key=lambda r: r.index)
+    frames = sum(r.length for r in rows)
+    try:
+        return open_entry(entry, info, frames)
+    except EntryMissing:
+        damage = None
+    except EntryDamaged as found:
+        damage = found
+    with _locked(entry, source, damage):
+        try:
+            return open_entry(entry, info, frames)  # built or repaired meanwhile by another process
+        except EntryMissing:
+            pass
+        except EntryDamaged as found:
+            _set_aside(entry, source, found)
+        _remove_leftovers(entry)
+        _build(info, source, rows, entry)
+        try:
+            return open_entry(entry, info, frames)
+        except (EntryMissing, EntryDamaged) as exc:  # just written: the disk did not keep it
+            raise LeRobotDatasetError(
+                f"{entry}: the column cache entry just built from {source} does not read back ({exc}); "
+                "the disk may be failing"
+            ) from exc
 
 
 def is_cached(info: LeRobotInfo, data_file: tuple[int, int]) -> bool:
-    """Whether ``data_file`` has a cache entry, beside the dataset or in the user's cache; creates nothing."""
+    """Whether ``data_file`` has a sound cache entry, beside the dataset or in the user's cache; creates nothing."""
     source = info.data_file(*data_file)
     if not source.is_file():
         return False
     name = _entry_name(info.root, source)
-    beside = info.root / CACHE_DIR / f"v{FORMAT}" / name / MANIFEST
+    beside = info.root / CACHE_DIR / f"v{FORMAT}" / name
     # The user's cache is looked at only then: finding it resolves the dataset folder's path, component by component.
-    return beside.is_file() or (_user_cache_root(info.root) / f"v{FORMAT}" / name / MANIFEST).is_file()
+    return _sound(beside, info) or _sound(_user_cache_root(info.root) / f"v{FORMAT}" / name, info)
+
+
+def _sound(entry: Path, info: LeRobotInfo) -> bool:
+    try:
+        open_entry(entry, info, None)
+    except (EntryMissing, EntryDamaged, LeRobotDatasetError):
+        return False
+    return True
 
 
 def _entry_dir(dataset_root: Path, source: Path) -> Path:
@@ -154,40 +184,49 @@ def _user_cache_root(dataset_root: Path) -> Path:
 
 
 @contextlib.contextmanager
-def _locked(lock_file: Path) -> Iterator[None]:
+def _locked(entry: Path, source: Path, damage: EntryDamaged | None) -> Iterator[None]:
+    """Hold the lock of ``entry``'s builders; a folder where it cannot be taken is one line,
+    naming the entry to delete when it is ``damage``d."""
+    lock_file = entry.with_name(entry.name + ".lock")
     try:
         lock_file.parent.mkdir(parents=True, exist_ok=True)
         handle = open(lock_file, "a")
     except OSError as exc:
-        raise LeRobotDatasetError(
-            f"{lock_file.parent}: cannot write the dataset's column cache there ({exc}); free disk space or "
-            "make the folder writable"
-        ) from exc
+        if damage is not None:
+            raise LeRobotDatasetError(cannot_rebuild_line(entry, source, damage, exc)) from exc
+        raise LeRobotDatasetError(cannot_lock_line(lock_file.parent, exc)) from exc
     with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
 
 
-def _open(entry: Path) -> FileColumns:
-    manifest = json.loads((entry / MANIFEST).read_text())
-    with open(entry / ARRAYS, "rb") as handle:
-        # mmap refuses an empty file; an entry whose arrays are all empty has nothing to map.
-        data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(handle.fileno()).st_size else b""
+def _set_aside(entry: Path, source: Path, damage: EntryDamaged) -> None:
+    """Move a damaged entry out of the way of its rebuild (processes mapping it keep their map)."""
+    aside = entry.with_name(f"{entry.name}.damaged-{os.getpid()}")
+    try:
+        os.rename(entry, aside)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise LeRobotDatasetError(cannot_rebuild_line(entry, source, damage, exc)) from exc
+    logger.warning(f"warning: {entry}: this column cache entry of {source} was damaged ({damage}); rebuilding it")
+    _remove(aside)
 
-    def view(name: str) -> np.ndarray:
-        offset, dtype, shape = manifest["arrays"][name]
-        return np.frombuffer(data, np.dtype(dtype), math.prod(shape), offset).reshape(shape)
 
-    def optional(name: str | None) -> np.ndarray | None:
-        return None if name is None else view(name)
+def _remove_leftovers(entry: Path) -> None:
+    """Temporary and set-aside copies of ``entry``: their builders are gone, as its lock is held here."""
+    for leftover in entry.parent.glob(f"{entry.name}.tmp-*"):
+        _remove(leftover)
+    for leftover in entry.parent.glob(f"{entry.name}.damaged-*"):
+        _remove(leftover)
 
-    return FileColumns(
-        numeric={key: view(name) for key, name in manifest["numeric"].items()},
-        timestamp=optional(manifest["timestamp"]),
-        task_index=optional(manifest["task_index"]),
-        image_bytes={key: view(blob) for key, (blob, _) in manifest["images"].items()},
-        image_spans={key: view(spans) for key, (_, spans) in manifest["images"].items()},
-    )
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 class _ArrayWriter:
@@ -215,7 +254,8 @@ class _ArrayWriter:
 
 
 def _build(info: LeRobotInfo, source: Path, rows: list[EpisodeRow], entry: Path) -> None:
-    """Write the entry into a temporary folder, then rename it into place."""
+    """Write the entry into a temporary folder, then rename it into place; a failed write
+    leaves no temporary folder."""
     what = f"the frames of episode(s) {[r.index for r in rows]}"
     present = parquet_columns(source, what)
     numeric = [f for f in info.features.values() if f.kind == "numeric"]
@@ -226,30 +266,37 @@ def _build(info: LeRobotInfo, source: Path, rows: list[EpisodeRow], entry: Path)
     order = row_order(source, table, rows)
     source_rows = table.num_rows
     tmp = entry.with_name(f"{entry.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     manifest: dict[str, object] = {"format": FORMAT, "source": str(source), "rows": len(order)}
     images_of: dict[str, list[str]] = {}
-    with open(tmp / ARRAYS, "wb") as out:
-        writer = _ArrayWriter(out)
-        for n, feature in enumerate(numeric):
-            writer.add(f"numeric{n}", numeric_values(source, feature, table.column(feature.key))[order])
-        manifest["numeric"] = {feature.key: f"numeric{n}" for n, feature in enumerate(numeric)}
-        for name in ("timestamp", "task_index"):
-            manifest[name] = None
-            if name in extras:
-                writer.add(name, table.column(name).to_numpy()[order])
-                manifest[name] = name
-        del table
-        for n, feature in enumerate(images):
-            offset = writer.align()
-            spans = _write_image_bytes(source, feature, out, source_rows)
-            writer.record(f"image{n}", offset, np.dtype(np.uint8), (out.tell() - offset,))
-            writer.add(f"image{n}.spans", spans[order])
-            images_of[feature.key] = [f"image{n}", f"image{n}.spans"]
-    manifest["images"] = images_of
-    manifest["arrays"] = writer.arrays
-    (tmp / MANIFEST).write_text(json.dumps(manifest))
+    try:
+        tmp.mkdir(parents=True)
+        with open(tmp / ARRAYS, "wb") as out:
+            writer = _ArrayWriter(out)
+            for n, feature in enumerate(numeric):
+                writer.add(f"numeric{n}", numeric_values(source, feature, table.column(feature.key))[order])
+            manifest["numeric"] = {feature.key: f"numeric{n}" for n, feature in enumerate(numeric)}
+            for name in ("timestamp", "task_index"):
+                manifest[name] = None
+                if name in extras:
+                    writer.add(name, table.column(name).to_numpy()[order])
+                    manifest[name] = name
+            del table
+            for n, feature in enumerate(images):
+                offset = writer.align()
+                spans = _write_image_bytes(source, feature, out, source_rows)
+                writer.record(f"image{n}", offset, np.dtype(np.uint8), (out.tell() - offset,))
+                writer.add(f"image{n}.spans", spans[order])
+                images_of[feature.key] = [f"image{n}", f"image{n}.spans"]
+        manifest["images"] = images_of
+        manifest["arrays"] = writer.arrays
+        (tmp / MANIFEST).write_text(json.dumps(manifest))
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            in_user_cache = not entry.is_relative_to(info.root / CACHE_DIR)
+            line = build_failed_line(entry, source, exc, estimated_bytes(info, source, len(order)), in_user_cache)
+            raise LeRobotDatasetError(line) from exc
+        raise
     try:
         os.rename(tmp, entry)
     except OSError:  # another process renamed its copy first (only without working locks)
@@ -297,12 +344,23 @@ def numeric_values(path: Path, feature: SourceFeature, column: pa.ChunkedArray) 
 
 def _write_image_bytes(source: Path, feature: SourceFeature, out: IO[bytes], num_rows: int) -> np.ndarray:
     """Append every row's encoded image to ``out``; ``[rows, 2]`` offset (from where it started)
-    and length, in source row order."""
+    and length, in source row order. A failed write is the ``OSError`` itself, never taken
+    for a bad parquet file."""
+    spans = np.zeros((num_rows, 2), dtype=np.int64)
+    offset = 0
+    for row, data in enumerate(_encoded_images(source, feature)):
+        out.write(data)
+        spans[row] = (offset, len(data))
+        offset += len(data)
+    return spans
+
+
+def _encoded_images(source: Path, feature: SourceFeature) -> Iterator[bytes]:
+    """Each row's encoded image of ``feature``, in source row order, a batch at a time."""
     import pyarrow as pa
 
     pq = require_pyarrow()
-    spans = np.zeros((num_rows, 2), dtype=np.int64)
-    row, offset = 0, 0
+    row = 0
     try:
         batches = pq.ParquetFile(source).iter_batches(batch_size=IMAGE_BATCH_ROWS, columns=[feature.key])
         for batch in batches:
@@ -320,12 +378,9 @@ def _write_image_bytes(source: Path, feature: SourceFeature, out: IO[bytes], num
                         f"{source}: row {row} of {feature.key!r} has no embedded image bytes "
                         "(images referenced by path only are not supported)"
                     )
-                out.write(data)
-                spans[row] = (offset, len(data))
-                offset += len(data)
+                yield data
                 row += 1
     except LeRobotDatasetError:
         raise
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
         raise LeRobotDatasetError(f"{source}: not a readable parquet file ({exc}); it holds {feature.key!r}") from exc
-    return spans

@@ -2,75 +2,124 @@
 
 A training run may mix hundreds of datasets, and every DataLoader worker reads all of
 them. Files kept open per dataset would add up with the number of datasets — past a
-process's open-file limit (often 1024), and with the memory each open decoder or map
-holds. So every dataset of a process shares one table per kind of thing, bounded in
-entries: when a new entry would pass the bound, the least recently used one is closed.
+process's open-file limit (often 1024), and with the memory each open decoder holds.
+So every dataset of a process shares one table per kind of thing, bounded in entries
+(a share of the process's open-file limit, ``file_budget``: half for video decoders, a
+quarter for mapped data files, the rest for the loader's pipes, shared memory and
+libraries) and, where an entry holds memory of its own, in its estimated bytes: when a
+new entry would pass a bound, the least recently used ones are closed. The larger the
+tables, the fewer samples of a large mixture reopen their member's files (a video costs
+0.2-0.7 ms to open and decode its first frame, a data file 0.1 ms to map).
 
 A forked child starts with an empty table (checked by pid on each use), as a spawned
 one does: the parent's entries are dropped there, not closed — they are the parent's.
+
+A table is shared by the threads of its process (a worker decodes a sample's cameras
+on several): its bookkeeping is locked, and opening, the slow part, is not, so threads
+open different files at once. An entry is closed only as the least recently used one,
+and never one of the ``kept`` most recently used, so one in use by a thread is never
+closed under it while no more than ``kept`` are in use at once.
 """
 
 from __future__ import annotations
 
 import collections
+import math
 import os
+import resource
+import threading
 from typing import Callable, Generic, Hashable, TypeVar
 
 Value = TypeVar("Value")
+MAX_FILE_BUDGET = 4096  # entries per table even where the open-file limit is far higher
+
+
+def file_budget(share: float) -> int:
+    """Open files a table of this process may hold: ``share`` of its open-file limit (of the
+    usual 1024, 512 for a half), at least 8."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return MAX_FILE_BUDGET if soft == resource.RLIM_INFINITY else max(8, min(MAX_FILE_BUDGET, int(soft * share)))
 
 
 class OpenFiles(Generic[Value]):
-    """At most ``max_entries`` open things of this process, least recently used closed first,
-    keyed by who uses them and what they open.
+    """At most ``max_entries`` open things of this process, and at most ``max_cost`` of their
+    estimated bytes (beyond the ``kept`` most recently used), least recently used closed
+    first, keyed by who uses them and what they open.
 
     ``close`` releases an evicted entry; without it, an entry is released when no longer
     referenced (a memory map).
     """
 
-    def __init__(self, max_entries: int, close: Callable[[Value], None] | None = None) -> None:
+    def __init__(self, max_entries: int, close: Callable[[Value], None] | None = None, *,
+                 max_cost: float = math.inf, kept: int = 1) -> None:
         self.max_entries = max_entries
+        self.max_cost = max_cost
+        self.kept = kept
         self._close = close
-        self._entries: collections.OrderedDict[Hashable, Value] = collections.OrderedDict()
+        self._entries: collections.OrderedDict[Hashable, tuple[Value, float]] = collections.OrderedDict()
+        self._cost = 0.0
         self._pid = os.getpid()
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         self._own()
         return len(self._entries)
 
-    def get(self, key: Hashable, open_: Callable[[], Value]) -> Value:
-        """The entry of ``key``, now the most recently used; opened by ``open_`` when absent,
-        after the least recently used was closed to make room."""
+    def get(self, key: Hashable, open_: Callable[[], Value], cost: float = 0.0) -> Value:
+        """The entry of ``key``, now the most recently used; opened by ``open_`` when absent
+        (its estimated bytes: ``cost``), after the least recently used were closed to make room."""
         self._own()
-        found = self._entries.get(key)
-        if found is not None:
-            self._entries.move_to_end(key)
-            return found
-        while len(self._entries) >= self.max_entries:
-            self._release(self._entries.popitem(last=False)[1])
-        value = self._entries[key] = open_()
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+                return found[0]
+        value = open_()
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:  # another thread opened it meanwhile
+                self._release(value)
+                self._entries.move_to_end(key)
+                return found[0]
+            while len(self._entries) >= self.max_entries or (
+                self._cost + cost > self.max_cost and len(self._entries) >= self.kept
+            ):
+                self._evict()
+            self._entries[key] = (value, cost)
+            self._cost += cost
         return value
 
     def peek(self, key: Hashable) -> Value | None:
         """The entry of ``key`` if open, leaving the order as it is."""
         self._own()
-        return self._entries.get(key)
+        found = self._entries.get(key)
+        return None if found is None else found[0]
 
     def discard(self, key: Hashable) -> None:
         """Close the entry of ``key``, if open."""
         self._own()
-        found = self._entries.pop(key, None)
-        if found is not None:
-            self._release(found)
+        with self._lock:
+            found = self._entries.pop(key, None)
+            if found is not None:
+                self._cost -= found[1]
+                self._release(found[0])
 
     def close_all(self) -> None:
         self._own()
-        while self._entries:
-            self._release(self._entries.popitem(last=False)[1])
+        with self._lock:
+            while self._entries:
+                self._evict()
+
+    def _evict(self) -> None:
+        value, cost = self._entries.popitem(last=False)[1]
+        self._cost -= cost
+        self._release(value)
 
     def _release(self, value: Value) -> None:
         if self._close is not None:
             self._close(value)
 
     def _own(self) -> None:
-        if os.getpid() != self._pid:  # a forked child: the entries are its parent's
-            self._entries, self._pid = collections.OrderedDict(), os.getpid()
+        if os.getpid() != self._pid:  # a forked child: the entries (and the lock's state) are its parent's
+            self._entries, self._pid, self._lock = collections.OrderedDict(), os.getpid(), threading.Lock()
+            self._cost = 0.0

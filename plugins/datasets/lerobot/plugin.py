@@ -76,14 +76,11 @@ class LeRobotDatasetConfig(DatasetConfig):
         return self
 
     @classmethod
-    def resume_comparable(cls, dumped: dict[str, Any]) -> dict[str, Any]:
+    def resume_views(cls, new: dict[str, Any], recorded: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """A mixture's members may move to other folders between a run and its resume, as
         ``--dataset.root`` may; the rest of each member is the data the position indexes."""
-        mixture = dumped.get("mixture")
-        if not isinstance(mixture, list):
-            return dumped
-        return {**dumped, "mixture": [{k: v for k, v in m.items() if k != "root"} if isinstance(m, dict) else m
-                                      for m in mixture]}
+        return _without_member_roots(new), _without_member_roots(recorded)
+
 
     @field_validator("repo_id")
     @classmethod
@@ -111,3 +108,12 @@ class LeRobotDatasetConfig(DatasetConfig):
 @hookimpl
 def lerobot_register_datasets(register: Callable[..., None]) -> None:
     register("lerobot", LeRobotDatasetConfig, "lerobot_kit.plugins.datasets.lerobot.reader:make_lerobot_dataset")
+
+
+def _without_member_roots(dumped: dict[str, Any]) -> dict[str, Any]:
+    """A recorded dataset section without its mixture members' folders."""
+    mixture = dumped.get("mixture")
+    if not isinstance(mixture, list):
+        return dumped
+    return {**dumped, "mixture": [{k: v for k, v in m.items() if k != "root"} if isinstance(m, dict) else m
+                                  for m in mixture]}

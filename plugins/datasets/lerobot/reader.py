@@ -13,7 +13,7 @@ process asks (DataLoader workers, in training):
 - images stored in the data files are decoded per item (``images``);
 - video frames are decoded per item with PyAV, by a bounded per-process pool of
   decoders shared by all its datasets (``video``), at the timestamps LeRobot's reader
-  would query.
+  would query; a request's cameras are read at once, on threads (``camera_threads``).
 
 Stacked features (``delta_indices``, cameras included) are windows inside the item's
 episode with padding flags (``core.data.windows``), as LeRobot's ``delta_timestamps``.
@@ -42,6 +42,7 @@ from lerobot_kit.api import (
     pad_key,
 )
 from lerobot_kit.plugins.datasets.lerobot import images, video
+from lerobot_kit.plugins.datasets.lerobot.camera_threads import read_cameras
 from lerobot_kit.plugins.datasets.lerobot.columns import FileColumns, cached_file_columns, episode_rows
 from lerobot_kit.plugins.datasets.lerobot.files import LeRobotDatasetError, require_pil, require_pyarrow
 from lerobot_kit.plugins.datasets.lerobot.finite import check_finite
@@ -151,9 +152,9 @@ class LeRobotDataset(PolicyDataset):
 
     def items(self, indices: list[int], *, uint8_cameras: bool = False) -> list[dict[str, torch.Tensor]]:
         """``[self.item(i) for i in indices]``, with the frames of one episode read together: one
-        gather per numeric column and one pass of the decoder over each camera's frames,
-        which block sampling (a run of consecutive frames per request) turns into one
-        sequential decode with no per-item overhead."""
+        gather per numeric column and one pass of the decoder over each camera's frames
+        (the cameras at once, on threads), which block sampling (a run of consecutive
+        frames per request) turns into one sequential decode with no per-item overhead."""
         frames = [self.windows.check_index(i) for i in indices]
         by_episode: dict[int, list[int]] = {}
         for slot, i in enumerate(frames):
@@ -171,27 +172,34 @@ class LeRobotDataset(PolicyDataset):
         start, end = self.windows.starts[position], self.windows.starts[position + 1]
         columns = self.columns(self.episodes[position].data_file)
         to_row = self._first_row[position] - start  # frame number -> cache row
+        wanted = {key: frames[:, None] + np.asarray(self.delta_indices.get(key, [0]))[None, :]
+                  for key in self.info.features}
+        rows = {key: np.clip(numbers, start, end - 1) + to_row for key, numbers in wanted.items()}
+        cameras = [key for key, source in self.info.features.items() if source.kind != "numeric"]
+        unique = {key: np.unique(rows[key], return_inverse=True) for key in cameras}
+        decoded = read_cameras(lambda key: self.camera_frames(key, position, unique[key][0]), cameras,
+                               video.KEPT_DECODERS)
         for key, source in self.info.features.items():
             offsets = self.delta_indices.get(key)
-            wanted = frames[:, None] + (offsets if offsets is not None else np.zeros(1, dtype=np.int64))[None, :]
-            rows = np.clip(wanted, start, end - 1) + to_row
             if source.kind == "numeric":
-                gathered = np.asarray(columns.numeric[key][rows.ravel()])
-                values = torch.from_numpy(gathered.reshape(*rows.shape, *source.spec.shape))
+                gathered = np.asarray(columns.numeric[key][rows[key].ravel()])
+                values = torch.from_numpy(gathered.reshape(*rows[key].shape, *source.spec.shape))
             else:
-                unique, inverse = np.unique(rows, return_inverse=True)
-                decoded = self.camera_frames(key, position, unique)
-                per_item = [channels_first([decoded[k] for k in ks]) for ks in inverse.reshape(rows.shape)]
+                inverse = unique[key][1].reshape(rows[key].shape)
+                per_item = [channels_first([decoded[key][k] for k in ks]) for ks in inverse]
                 values = per_item if uint8_cameras else [camera_to_float(v) for v in per_item]
-            pads = torch.from_numpy((wanted < start) | (wanted >= end))
+            pads = torch.from_numpy((wanted[key] < start) | (wanted[key] >= end))
             for j, item in enumerate(items):
                 item[key] = values[j] if offsets is not None else values[j][0]
                 if offsets is not None:
                     item[pad_key(key)] = pads[j]
         episode_index = self.episodes[position].index
-        for i, item in zip(frames.tolist(), items):
-            item["episode_index"] = torch.tensor(episode_index, dtype=torch.int64)
-            item["index"] = torch.tensor(i, dtype=torch.int64)
+        # Views of one tensor each, as the padding flags: a tensor apiece costs more than the rest of a small item.
+        episode_indices = torch.full((len(items),), episode_index, dtype=torch.int64).unbind()
+        indices = torch.from_numpy(frames.astype(np.int64)).unbind()
+        for item, episode_tensor, index in zip(items, episode_indices, indices):
+            item["episode_index"] = episode_tensor
+            item["index"] = index
         self._add_tasks(items, columns, frames + to_row, episode_index)
 
     def _add_tasks(self, items: list[dict[str, Any]], columns: FileColumns, rows: np.ndarray, episode: int) -> None:

@@ -3,15 +3,20 @@
 A v3.0 video file concatenates many episodes; an episode's frame with timestamp ``t``
 (the ``timestamp`` column) is the video frame shown at ``from_timestamp + t``, where
 ``from_timestamp`` comes from the episode's row in ``meta/episodes``. A query is served
-as LeRobot's PyAV reader serves it — seek to the key frame before the first wanted
+as LeRobot's PyAV reader serves it — seek to a key frame before the first wanted
 time, decode forward until a frame at or past the last one, take the nearest frame to
 each query, convert it with ``to_ndarray(format="rgb24")`` — so the pixels are the
-same. A frame further than ``TOLERANCE_FRAMES`` frame periods from its query is an
-error (the video and the data disagree), never a silent nearest-neighbour guess.
+same (the seek lands on the key frame at or before the first wanted frame, which LeRobot
+passes when that frame is a key frame itself: the same pixels, one GOP less decoded).
+A frame further than ``TOLERANCE_FRAMES`` frame periods from its query is an error (the
+video and the data disagree), never a silent nearest-neighbour guess.
 
 Each process (a DataLoader worker) keeps a bounded pool of open decoders, one per
 file, shared by every dataset it reads (``open_files``): however many datasets a run
-mixes, a process holds at most ``MAX_OPEN_DECODERS`` files open for video. A decoder
+mixes, a process holds at most ``MAX_OPEN_DECODERS`` files open for video (half its
+open-file limit), and decoders of at most ``DECODER_MEMORY`` bytes (estimated from
+their frame size: ``decoder_bytes``). Each file is opened as mp4, LeRobot's container,
+without probing its format first (a sixth of an open's cost). A decoder
 that stopped shortly before the wanted time (closer than a seek has been costing, in
 frames) decodes forward instead of seeking, so reading consecutive frames decodes each
 frame once; the frames it last handed out are
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 import uuid
 from pathlib import Path
 from types import ModuleType
@@ -44,14 +50,19 @@ import numpy as np
 
 from lerobot_kit.api import ConfigError
 from lerobot_kit.plugins.datasets.lerobot.files import LeRobotDatasetError
-from lerobot_kit.plugins.datasets.lerobot.open_files import OpenFiles
+from lerobot_kit.plugins.datasets.lerobot.open_files import OpenFiles, file_budget
 
 VIDEO_EXTRA = "pip install 'lerobot-kit[video]' (or: pip install av)"
 BACKENDS = ("pyav",)
 TOLERANCE_FRAMES = 0.4
 FRAME_FORMATS = {1: "gray", 3: "rgb24"}
-# Files per process, all datasets together; each holds a demuxer, a one-thread decoder and a few RGB frames.
-MAX_OPEN_DECODERS = 8
+# Files per process, all datasets together: half the open-file limit (512 of the usual 1024).
+MAX_OPEN_DECODERS = file_budget(1 / 2)
+# Estimated memory of the open decoders per process: about 40 of 480×640, 580 of 96×96 (``decoder_bytes``).
+DECODER_MEMORY = 128 << 20
+# The most recently used decoders, never closed to make room: as many as the cameras a
+# request reads at once (``camera_threads``).
+KEPT_DECODERS = 8
 
 
 def require_video_decoder(backend: str | None, video_keys: list[str]) -> ModuleType:
@@ -90,11 +101,18 @@ class _Decoder:
 
     def __init__(self, av: ModuleType, path: Path, keep: int) -> None:
         self.path = path
-        self.container = av.open(str(path))
+        self.container = av.open(str(path), format="mp4" if path.suffix == ".mp4" else None)
         self.stream = self.container.streams.video[0]
         # Workers decode in parallel, one thread each; more threads only add frame buffers.
         self.stream.codec_context.thread_count = 1
         self.time_base = self.stream.time_base
+        # Frames lie on whole ticks of the time base, so none is nearer to a time than a frame
+        # within half a tick of it, or past it: decoding stops there. (A query's time, the
+        # float32 timestamp column plus the episode's offset, often lies a hair past its
+        # frame; stopping only past it, as LeRobot does, decodes the next frame for nothing:
+        # after an odd frame of a GOP-2 video, a key frame.)
+        self.half_tick = float(self.time_base) / 2
+        self.reordered = bool(self.stream.codec_context.has_b_frames)
         self.frames: Any = None  # the decode iterator since the last seek
         self.position = -np.inf  # time of the last decoded frame
         self.last: tuple[float, Any] | None = None  # that frame: the next item often wants it
@@ -102,13 +120,19 @@ class _Decoder:
         self.keep = keep
         self.seen: collections.deque[float] = collections.deque(maxlen=4)  # last decoded times, for errors
         self.decoded = 0  # frames decoded so far
-        # Frames a seek costs before the wanted one (a running mean; LeRobot's GOP 2: about 2):
+        # Frames a seek costs before the wanted one (a running mean; LeRobot's GOP 2: 0 or 1):
         # decoding forward is cheaper than seeking for anything closer than that.
-        self.seek_cost = 2.0
+        self.seek_cost = 1.0
 
     def seek(self, time: float) -> None:
-        # As LeRobot: the key frame at or before one time-base tick before ``time``.
-        self.container.seek(round(time / self.time_base) - 1, backward=True, any_frame=False, stream=self.stream)
+        """To the key frame at or before ``time``: its frame and every later one decode as they
+        would from any earlier key frame. LeRobot seeks one time-base tick earlier, which on
+        its GOP-2 videos lands a whole GOP before a key frame that is wanted itself (2.5 frames
+        decoded per query instead of 1.5). That margin is kept where frames are reordered
+        (B-frames): a key frame's decode time, by which the demuxer seeks, then precedes its
+        presentation time."""
+        margin = 1 if self.reordered else 0
+        self.container.seek(round(time / self.time_base) - margin, backward=True, any_frame=False, stream=self.stream)
         self.frames = self.container.decode(self.stream)
         self.position = -np.inf
         self.last = None
@@ -140,7 +164,9 @@ class _Decoder:
         self.container.close()
 
 
-_OPEN: OpenFiles[_Decoder] = OpenFiles(MAX_OPEN_DECODERS, _Decoder.close)  # this process's open decoders
+# This process's open decoders.
+_OPEN: OpenFiles[_Decoder] = OpenFiles(MAX_OPEN_DECODERS, _Decoder.close, max_cost=DECODER_MEMORY,
+                                       kept=KEPT_DECODERS)
 os.register_at_fork(before=_OPEN.close_all)
 
 
@@ -209,7 +235,7 @@ class VideoDecoders:
         """``wanted`` (sorted) cut where the next time is further ahead than a seek costs: each
         run is decoded forward, and the frames between two runs are skipped by a seek."""
         decoder = _OPEN.peek((self._owner, path))
-        gap = ((decoder.seek_cost if decoder is not None else 2.0) + 1) / self.fps
+        gap = ((decoder.seek_cost if decoder is not None else 1.0) + 1) / self.fps
         return np.split(wanted, np.flatnonzero(np.diff(wanted) > gap) + 1)
 
     def _decode(self, path: Path, key: str, wanted: np.ndarray, shape: tuple[int, ...]) -> dict[float, np.ndarray]:
@@ -218,7 +244,7 @@ class VideoDecoders:
         A decoder reused from an earlier request may have passed a wanted frame it did not
         keep; then the request is served again from a seek.
         """
-        decoder, seeked = self._decoder_for(path, float(wanted[0]))
+        decoder, seeked = self._decoder_for(path, float(wanted[0]), shape)
         if not seeked:
             found = self._collect(decoder, key, wanted, shape)
             if len(found) == len(wanted):
@@ -245,7 +271,7 @@ class VideoDecoders:
             offer(time, pixels)
         if decoder.last is not None:
             offer(*decoder.last)
-        while decoder.position < wanted[-1]:
+        while decoder.position < wanted[-1] - decoder.half_tick:
             decoded = decoder.next()
             if decoded is None:
                 break
@@ -259,12 +285,13 @@ class VideoDecoders:
             out[query] = pixels
         return out
 
-    def _decoder_for(self, path: Path, first: float) -> tuple[_Decoder, bool]:
+    def _decoder_for(self, path: Path, first: float, shape: tuple[int, ...]) -> tuple[_Decoder, bool]:
         """The decoder of ``path``, as it stands when it holds ``first`` or reaches it by decoding
         forward, else seeked to it (and True). Opening a file costs more than seeking in it,
-        so each file has one decoder; the process's least recently used one is closed past
-        ``MAX_OPEN_DECODERS``."""
-        decoder = _OPEN.get((self._owner, path), lambda: _Decoder(self.av, path, self.keep))
+        so each file has one decoder; the process's least recently used ones are closed past
+        ``MAX_OPEN_DECODERS`` or ``DECODER_MEMORY``."""
+        decoder = _OPEN.get((self._owner, path), lambda: _Decoder(self.av, path, self.keep),
+                            cost=decoder_bytes(shape, self.keep))
         ahead = (first - decoder.position) * self.fps
         held = any(abs(time - first) <= self.tolerance for time in [*decoder.converted, decoder.position])
         if held or (decoder.frames is not None and 0 < ahead <= decoder.seek_cost + 1):
@@ -285,6 +312,14 @@ class VideoDecoders:
 
 
 
+def decoder_bytes(shape: tuple[int, ...], keep: int) -> int:
+    """Estimated memory of an open decoder of ``[C, H, W]`` frames: the demuxer and decoder
+    state, the decoder's pictures (about 5 frames in 4:2:0, as measured of PyAV's AV1 and
+    H.264 decoders: 2 MB at 480×640), and the ``keep`` converted frames it remembers."""
+    channels, height, width = shape
+    return (128 << 10) + 5 * height * width * 3 // 2 + keep * channels * height * width
+
+
 def _within(sorted_times: np.ndarray, time: float, tolerance: float) -> range:
     """Indices of the sorted times within ``tolerance`` of ``time``."""
     lo = int(np.searchsorted(sorted_times, time - tolerance, side="left"))
@@ -292,14 +327,16 @@ def _within(sorted_times: np.ndarray, time: float, tolerance: float) -> range:
     return range(lo, hi)
 
 
-class _Converter:
-    """The process's one frame converter (an FFmpeg swscale context), used for every frame of
-    every file, as ``frame.to_ndarray(format=...)`` would convert it, pixel for pixel.
+class _Converter(threading.local):
+    """A thread's one frame converter (an FFmpeg swscale context, which two threads cannot
+    share), used for every frame of every file, as ``frame.to_ndarray(format=...)`` would
+    convert it, pixel for pixel.
 
     ``to_ndarray(format=...)`` sets up a converter for each frame, and since PyAV 17 a pool
     of threads for it: that costs more than converting a small frame (ten times more at
     32×32, as much at 480×640). One thread, as the decoders: workers convert in parallel.
-    Dropped before a fork with the decoders.
+    The forking thread's is dropped before a fork with the decoders (a converter of one
+    thread has no threads of its own to lose).
     """
 
     def __init__(self) -> None:

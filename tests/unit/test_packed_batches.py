@@ -1,0 +1,114 @@
+"""What DataLoader workers return, packed in one block of shared memory (``core.data.packed``)
+that the worker fills again once the main process is done (``core.data.shared_blocks``):
+the same values, dtypes, shapes and strides as the tensors packed, and no batch ever
+overwritten while the main process still holds it. Workers are real processes."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import pickle
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from lerobot_dataset_factory import write_lerobot_dataset
+from lerobot_kit.core.config.flags import parse_train_config
+from lerobot_kit.core.data.build import build_dataset
+from lerobot_kit.core.data.loader import build_loader, collate
+from lerobot_kit.core.data.packed import Packed
+from lerobot_kit.core.data.sampler import DataPosition
+from lerobot_kit.core.data.shared_blocks import SLOTS, SharedBlocks, release
+
+CPU = torch.device("cpu")
+TIMEOUT_S = 60
+
+
+def items() -> list[dict[str, object]]:
+    """Items as the LeRobot reader hands them out: channel-first views of channel-last frames,
+    vectors, flags, 0-d views of one tensor, a text."""
+    generator = torch.Generator().manual_seed(0)
+    frames = torch.randint(0, 256, (5, 6, 8, 3), dtype=torch.uint8, generator=generator)
+    indices = torch.arange(3).unbind()
+    return [{"camera": frames[i : i + 2].permute(0, 3, 1, 2), "now": frames[i].permute(2, 0, 1),
+             "action": torch.randn(4, 2, generator=generator),
+             "action_is_pad": torch.tensor([False, True, True, False]),
+             "index": indices[i], "task": f"task {i}", "empty": torch.zeros(0, 2)} for i in range(3)]
+
+
+def assert_same(ours: dict[str, object], theirs: dict[str, object]) -> None:
+    assert ours.keys() == theirs.keys()
+    for key, value in theirs.items():
+        if isinstance(value, torch.Tensor):
+            got = ours[key]
+            assert isinstance(got, torch.Tensor) and got.dtype == value.dtype and torch.equal(got, value), key
+            if value.numel():
+                assert got.stride() == value.stride(), key
+        else:
+            assert ours[key] == value, key
+
+
+def test_a_packed_batch_is_the_collated_batch_and_packed_items_the_items() -> None:
+    batch = pickle.loads(pickle.dumps(Packed.batch(items()))).unpack()
+    assert_same(batch, collate(items()))
+    assert batch["now"].is_contiguous(memory_format=torch.channels_last)
+    for ours, theirs in zip(pickle.loads(pickle.dumps(Packed.items(items()))).unpack(), items()):
+        assert_same(ours, theirs)
+
+
+class _Numbers(Dataset):
+    def __len__(self) -> int:
+        return 1000
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+def _fill(numbers: list[int], blocks: SharedBlocks) -> tuple[tuple[str, int, int] | None, int, torch.Tensor]:
+    """In the worker: a block filled with the batch's first number, its slot and its address there."""
+    block, slot = blocks.take(4096)
+    block.fill_(numbers[0] % 251)
+    return slot, block.data_ptr(), block
+
+
+def test_a_worker_fills_its_blocks_again_only_once_the_main_process_released_them() -> None:
+    blocks = SharedBlocks(workers=1)
+    loader = DataLoader(_Numbers(), batch_size=1, num_workers=1, timeout=TIMEOUT_S,
+                        collate_fn=functools.partial(_fill, blocks=blocks))
+    batches = iter(loader)
+    held = [(n % 251, *next(batches)) for n in range(12)]
+    # Nothing released yet: the worker used each of its blocks once, then made fresh ones.
+    assert [slot is not None for _, slot, _, _ in held] == [True] * SLOTS + [False] * (12 - SLOTS)
+    assert all(torch.all(block == value) for value, _, _, block in held)  # none was overwritten
+    first = {address for _, slot, address, _ in held if slot is not None}
+    for _, slot, _, _ in held:
+        if slot is not None:
+            release(slot)
+    held.clear()
+    again = []
+    for n in range(12, 36):
+        slot, address, block = next(batches)
+        assert torch.all(block == n % 251)
+        again.append((slot, address))
+        del block
+        if slot is not None:
+            release(slot)
+    # Past the batches it prefetched before the release, each batch is in one of its blocks, filled again.
+    assert all(slot is not None for slot, _ in again[4:])
+    assert {address for slot, address in again if slot is not None} <= first
+
+
+def test_a_loaders_batches_held_by_the_consumer_are_never_overwritten(tmp_path: Path) -> None:
+    """Batches of uint8 frames travel in reused blocks; every batch is kept here until the end,
+    and each equals the batch the loader makes without workers."""
+    write_lerobot_dataset(tmp_path, [9, 14, 7], image=True, video=True)
+    flags = ["--dataset.repo_id=user/x", f"--dataset.root={tmp_path}", "--policy.chunk_size=4",
+             "--policy.n_action_steps=4", "--batch_size=4", "--seed=3"]
+    batches = []
+    for workers in (0, 2):
+        config = parse_train_config([*flags, f"--num_workers={workers}"])
+        loader = build_loader(build_dataset(config), config, 1, 0, DataPosition(), CPU)
+        batches.append(list(itertools.islice(iter(loader), 5 * SLOTS)))
+    for alone, with_workers in zip(*batches):
+        assert_same(with_workers, alone)
