@@ -51,6 +51,13 @@ class PolicyConfig(Section):
         """Frame offsets the policy needs per feature, e.g. ``{"action": [0..chunk-1]}``."""
         return {}
 
+    @classmethod
+    def resume_views(cls, new: dict[str, Any], recorded: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """This section of the resumed run and of the checkpoint (``model_dump(mode="json")``) as a
+        resume compares them: a type whose field names files by where they are (a tokenizer
+        folder) may compare what they hold instead."""
+        return new, recorded
+
     def to_dict(self) -> dict[str, Any]:
         """A plain dict: ``peft`` reads a model's ``config`` through ``to_dict`` (transformers' convention)."""
         return self.model_dump(mode="json")
@@ -76,11 +83,11 @@ class DatasetConfig(Section):
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
 
     @classmethod
-    def resume_comparable(cls, dumped: dict[str, Any]) -> dict[str, Any]:
-        """This section as recorded (``model_dump(mode="json")``), reduced to what a resume must
-        find unchanged beyond ``resume_may_change``: a type whose fields nest a setting that may
-        change (a mixture member's folder) leaves it out here."""
-        return dumped
+    def resume_views(cls, new: dict[str, Any], recorded: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """This section of the resumed run and of the checkpoint (``model_dump(mode="json")``) as a
+        resume compares them beyond ``resume_may_change``: a type whose fields nest a setting that
+        may change (a mixture member's folder) leaves it out of both."""
+        return new, recorded
 
 
 class ParallelismConfig(Section):

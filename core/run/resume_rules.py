@@ -7,7 +7,8 @@ else, so they are compared with the checkpoint's ``train_config.json`` and a cha
 one error line naming the flag and the fix:
 
 - the policy (type and architecture; ``PolicyConfig.resume_may_change`` excepted, i.e.
-  where the result is published): the weights were trained as that model;
+  where the result is published; compared as ``PolicyConfig.resume_views`` shows it):
+  the weights were trained as that model;
 - the dataset (``DatasetConfig.resume_may_change`` excepted: where the data lives, the
   augmentation): the restored data position indexes that data;
 - ``peft``: the checkpoint holds the adapter of those settings;
@@ -66,10 +67,11 @@ def check_resume_changes(config: TrainConfig, step_dir: Path, output_dir: Path, 
 def _dataset_views(config: TrainConfig, new: dict[str, Any],
                    recorded: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Both configs with their dataset sections as the dataset type compares them on resume."""
-    comparable = type(config.dataset).resume_comparable
     old = recorded.get("dataset")
-    return ({**new, "dataset": comparable(new["dataset"])},
-            {**recorded, "dataset": comparable(old)} if isinstance(old, dict) else recorded)
+    if not isinstance(old, dict):
+        return new, recorded
+    new_view, old_view = type(config.dataset).resume_views(new["dataset"], old)
+    return {**new, "dataset": new_view}, {**recorded, "dataset": old_view}
 
 
 def _recorded_config(step_dir: Path) -> dict[str, Any] | None:
@@ -101,7 +103,8 @@ def _policy_changes(config: TrainConfig, new: dict[str, Any], recorded: dict[str
     new_policy = {**new["policy"], "path": given}
     if _same_path(given, old.get("path")):
         new_policy["path"] = old.get("path")
-    return _fixed({"policy": new_policy}, recorded, "policy", config.policy.resume_may_change,
+    new_policy, old = type(config.policy).resume_views(new_policy, old)
+    return _fixed({"policy": new_policy}, {**recorded, "policy": old}, "policy", config.policy.resume_may_change,
                   "the policy cannot change on resume (the checkpoint's weights were trained as that model)")
 
 

@@ -319,9 +319,17 @@ def page_problems(rel: str) -> list[str]:
     allowed = functools.reduce(Flags.merge, (command_flags(c) for c in PAGE_COMMANDS[rel]))
     for flag in prose_flags:
         for one in expand(flag.rstrip(".")):
-            if one not in OTHERS and not allowed.accepts(one) and not lerobot_flag_advice(one.removeprefix("--")):
+            if one not in OTHERS and not allowed.accepts(one) and not lerobot_flag_advice(one.removeprefix("--")) \
+                    and not _bridge_policy_flag(one):
                 problems.append(f"{one}: named in the prose, but no flag of {', '.join(PAGE_COMMANDS[rel])}")
     return problems
+
+
+def _bridge_policy_flag(flag: str) -> bool:
+    """A ``--policy.*`` flag of a LeRobot bridge type (its shipped schema), which prose may name
+    where it says what the bridge does."""
+    return flag.startswith("--policy.") and any(
+        flag.removeprefix("--policy.") in fields for fields in _bridge_schemas().values())
 
 
 def quoted_defaults(rel: str) -> Iterator[tuple[str, str]]:
