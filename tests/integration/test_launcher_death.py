@@ -72,8 +72,9 @@ def test_ranks_whose_torchrun_agent_is_killed_stop_with_a_checkpoint_within_seco
     assert sorted(exits) == sorted(str(pid) for pid in result["workers"]), (result, output[-4000:])
     assert all(code == 75 and seconds < EXIT_WITHIN_S for code, seconds in exits.values()), (exits, output[-4000:])
 
-    for rank in (0, 1):
-        assert f"rank {rank}: the launcher that started this rank (pid " in output, output[-4000:]
+    # The first rank to notice asks every rank to stop; the other may stop on that agreement
+    # before its own watch notices (it polls), so one such line is enough.
+    assert any(f"rank {rank}: the launcher that started this rank (pid " in output for rank in (0, 1)), output[-4000:]
     last = (run / "checkpoints/last").resolve()
     step = int(last.name)
     assert f"stopped by SIGTERM at step {step}/100000 after saving {last}" in output, output[-4000:]

@@ -5,6 +5,10 @@ global batch, used by LeRobot alone, resumed on one process; π0.5 under HSDP(2x
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +22,8 @@ from lerobot_side import act_on, assert_same_weights, load_with_lerobot, observa
 STEPS = 16
 RUN = ["--log_freq=1", "--optimizer.lr=3e-3", "--checkpoint_format=safetensors_dcp", f"--steps={STEPS}"]
 FLAGS = {"pi05": tiny_pi, "smolvla": tiny_smolvla}
+# The flag naming the folder LeRobot loads files from, and that folder in vla_assets.
+FILES = {"pi05": ("tokenizer_name", "tokenizer"), "smolvla": ("vlm_model_name", "smolvlm")}
 # Unit groups (joint layers) and units by class/path, as the banner counts them: π0.5 has 6
 # pairs, 2 SigLIP layers + token embedding + two heads; SmolVLA 4 VLM layers (each with its
 # expert layer), 2 vision layers + token embedding + head.
@@ -69,19 +75,29 @@ def test_lerobot_loads_the_fsdp2_checkpoint_and_acts(runs: dict, work: Path, dat
     assert action.shape == (1, ACTION_DIM) and action.isfinite().all()
 
 
-def test_fsdp2_run_resumes_on_one_process(runs: dict, work: Path, dataset_root: Path) -> None:
+def test_fsdp2_run_resumes_on_one_process(runs: dict, work: Path, dataset_root: Path, vla_assets: Path) -> None:
     """Stopped after step 8 under FSDP(2), continued by one process on the same global batch:
-    the same batches and per-sample noise as the uninterrupted run, so its losses."""
+    the same batches and per-sample noise as the uninterrupted run, so its losses. The run
+    trained with the fused attention (the default) and resumes with LeRobot's eager one,
+    which a resume may switch to (it changes no weight): the losses are the same to float
+    rounding. Its tokenizer (π0.5) or VLM (SmolVLA) folder has moved: the resume takes it
+    from the flag, holding the same files."""
     kind = runs["kind"]
+    flag, assets = FILES[kind]
+    moved = shutil.copytree(vla_assets / assets, work / f"{kind}_moved_{assets}")
     resumed = copy_crashed(runs["fsdp"], 8, work / f"{kind}_resumed")
     config = resumed / "checkpoints" / "last" / "pretrained_model" / "train_config.json"
+    assert json.loads(config.read_text())["policy"]["attention"] == "sdpa"
     result = train(work, "--resume=true", f"--config_path={config}", "--parallelism.dp_shard=null",
-                   "--batch_size=8", root=dataset_root)
+                   "--batch_size=8", "--policy.attention=eager", f"--policy.{flag}={moved}", root=dataset_root)
     assert "layout single" in result.stderr and f"steps 8→{STEPS}" in result.stderr
     got, uninterrupted = losses(resumed), losses(runs["fsdp"])
     assert len(got) == STEPS
     assert got[8:] == pytest.approx(uninterrupted[8:], rel=1e-4)
-    policy, _, _ = load_with_lerobot(resumed / "checkpoints" / f"{STEPS:06d}" / "pretrained_model", kind)
+    final = resumed / "checkpoints" / f"{STEPS:06d}" / "pretrained_model"
+    assert json.loads((final / "train_config.json").read_text())["policy"]["attention"] == "eager"
+    assert json.loads((final / "train_config.json").read_text())["policy"][flag] == str(moved)
+    policy, _, _ = load_with_lerobot(final, kind)
     assert policy.config.chunk_size == 4
 
 
@@ -136,3 +152,65 @@ def test_train_expert_only_with_a_bf16_frozen_base_under_fsdp2(work: Path, datas
     optimizer = FileSystemReader(str(step / "training_state" / "optimizer_0")).read_metadata().state_dict_metadata
     assert any("gemma_expert.model.layers" in key for key in optimizer)
     assert not any("paligemma.model" in key for key in optimizer)  # frozen: no AdamW state
+
+
+def test_a_resume_whose_files_folder_holds_other_files_is_refused(runs: dict, vla_assets: Path, work: Path) -> None:
+    """The run records a digest of what its tokenizer or VLM folder held; a resume with a
+    folder of other contents (wherever it is) is refused in one line naming the flag."""
+    kind = runs["kind"]
+    flag, assets = FILES[kind]
+    changed = shutil.copytree(vla_assets / assets, work / f"{kind}_changed_{assets}")
+    settings = json.loads((changed / "tokenizer_config.json").read_text())
+    (changed / "tokenizer_config.json").write_text(json.dumps({**settings, "model_max_length": 77}))
+    step = runs["fsdp"] / "checkpoints" / f"{STEPS:06d}"
+    refused = _lerobot("train", "--resume=true", f"--config_path={step / 'pretrained_model' / 'train_config.json'}",
+                       f"--policy.{flag}={changed}")
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    line = refused.stderr.strip().removeprefix("error: ")
+    assert "\n" not in line and line.startswith(f"--policy.{flag}={changed} (files sha256:"), line
+    assert f"(checkpoint: {vla_assets / assets} (files sha256:" in line and "differs from the checkpoint" in line
+
+
+@pytest.mark.parametrize("edit", [{"type": "act"}, {"chunk_size": "four"}])
+def test_inspect_and_policy_path_give_one_verdict_on_an_edited_lerobot_config(
+    runs: dict, work: Path, edit: dict
+) -> None:
+    """A policy folder as LeRobot writes one (config.json, model.safetensors, processors)
+    whose config.json was edited: another LeRobot type beside these weights, or a value of
+    the wrong type. inspect-checkpoint's verdict and line are what --policy.path refuses the
+    folder with (both read it through the same check); the folder as written is loadable."""
+    from lerobot_kit.api import CheckpointError, load_pretrained
+
+    kind = runs["kind"]
+    source = runs["fsdp"] / "checkpoints" / f"{STEPS:06d}" / "pretrained_model"
+    lerobot_only = shutil.ignore_patterns("train_config.json", "dataset_meta.json", "pytorch_model_fsdp_0")
+    name = "_".join(edit)
+    folder = shutil.copytree(source, work / f"{kind}_lerobot_folder_{name}", ignore=lerobot_only)
+    assert _inspected(folder)["loadable"]["ok"] is not False
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **edit}))
+    report = _inspected(folder)
+    assert report["loadable"]["ok"] is False and not report["ok"]
+    with pytest.raises(CheckpointError) as refused:
+        load_pretrained(folder)
+    why = report["loadable"]["why"]
+    assert why in str(refused.value)
+    expected = {
+        "type": "config.json: model.safetensors is not the LeRobot 'act' policy this config describes: it lacks "
+                "'model.action_head.bias'",
+        "chunk_size": "config.json: not a valid 'lerobot_pi05' config: chunk_size: Input should be a valid integer"
+        if kind == "pi05" else "config.json: not a valid 'lerobot_smolvla' config: chunk_size: Input should be a valid "
+        "integer",
+    }[name]
+    assert why.startswith(f"{folder.name}/{expected}"), why
+
+
+def _lerobot(*args: str) -> subprocess.CompletedProcess[str]:
+    """The ``lerobot`` command of this environment, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "lerobot_kit.cli", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def _inspected(folder: Path) -> dict:
+    """``lerobot inspect-checkpoint --json`` of ``folder``: its verdicts as a CI pipeline reads them."""
+    return json.loads(_lerobot("inspect-checkpoint", "--json", str(folder)).stdout)
