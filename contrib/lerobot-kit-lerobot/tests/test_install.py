@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -213,3 +214,63 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_one_line(tmp_path: Path, data
                          "the vocabulary, or a vocabulary that holds the tokenizer's (for π0/π0.5, --policy.sizes' "
                          "vocab_size)"), result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def documented_install() -> list[str]:
+    """The one command the bridge's README gives to install lerobot-kit, its extras and the
+    bridge beside LeRobot, as words (it runs from lerobot-kit's source folder)."""
+    readme = (BRIDGE_SOURCE / "README.md").read_text()
+    line = next(line for line in readme.splitlines()
+                if line.startswith("pip install ") and "lerobot-kit-lerobot[" in line)
+    return shlex.split(line.split("#", 1)[0])
+
+
+def test_the_documented_install_keeps_lerobots_pins(tmp_path: Path) -> None:
+    """pip honours the pins of the packages a command names or depends on, and no others: so
+    ``pip install 'lerobot-kit[all]'`` alone into LeRobot's environment may take newer
+    releases than LeRobot allows (transformers, for peft, upgrades huggingface_hub to 2.x,
+    and LeRobot 0.6.1 no longer imports). The README's one command names the bridge, which
+    depends on LeRobot, so LeRobot's pins are in the resolution. Resolved here from nothing
+    installed (``--ignore-installed``, ``--dry-run``: a report, nothing written), the
+    versions pip picks satisfy every requirement LeRobot 0.6.1 states."""
+    words = documented_install()
+    assert words[:2] == ["pip", "install"], words
+    report = tmp_path / "report.json"
+    result = subprocess.run(
+        [str(BIN / "pip"), *words[1:], "--dry-run", "--ignore-installed", "--no-build-isolation", "--quiet",
+         "--report", str(report)],
+        cwd=BRIDGE_SOURCE.parents[1], capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    items = {item["metadata"]["name"].lower().replace("_", "-"): item
+             for item in json.loads(report.read_text())["install"]}
+    picked = {name: item["metadata"] for name, item in items.items()}
+    lerobot = picked["lerobot"]
+    assert lerobot["version"] == importlib.metadata.version("lerobot")
+    assert {"lerobot-kit", "lerobot-kit-lerobot", "peft", "transformers", "huggingface-hub"} <= picked.keys()
+    bridge_extras = items["lerobot-kit-lerobot"].get("requested_extras") or []
+    lerobot_extras = {extra for pin in requirements(picked["lerobot-kit-lerobot"], bridge_extras)
+                      if pin.name == "lerobot" for extra in pin.extras}
+    kept = [pin for pin in requirements(lerobot, lerobot_extras) if pin.name != "lerobot"]
+    assert {"huggingface-hub", "transformers", "peft"} <= {pin.name.lower().replace("_", "-") for pin in kept}
+    for pin in kept:
+        name = pin.name.lower().replace("_", "-")
+        version = picked.get(name, {}).get("version")
+        assert version is not None and version in pin.specifier, (str(pin), version)
+
+
+def requirements(metadata: dict, extras: list[str] | set[str]) -> list:
+    """The requirements a distribution's metadata (pip's report) states for these extras,
+    following its references to its own extras (LeRobot's ``peft`` asks for ``lerobot[peft-dep]``)."""
+    from packaging.requirements import Requirement
+
+    pins = [Requirement(text) for text in metadata.get("requires_dist", [])]
+    name = metadata["name"].lower().replace("_", "-")
+    wanted, todo = set(), {"", *extras}
+    while todo:
+        extra = todo.pop()
+        wanted.add(extra)
+        for pin in pins:
+            if pin.name.lower() == name and (pin.marker is None or pin.marker.evaluate({"extra": extra})):
+                todo |= set(pin.extras) - wanted
+    return [pin for pin in pins if any(pin.marker is None or pin.marker.evaluate({"extra": e}) for e in wanted)]

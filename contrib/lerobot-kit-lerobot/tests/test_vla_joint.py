@@ -54,11 +54,13 @@ def batch(cameras: tuple[str, ...] = (TOP,)) -> dict[str, torch.Tensor]:
     }
 
 
-def install(kind: str, policy: torch.nn.Module) -> None:
+def install(kind: str, policy: torch.nn.Module, attention: str = "eager") -> None:
+    """The bridge's joint layers on LeRobot's policy; by default with LeRobot's own attention
+    code (``test_fused_attention`` compares the fused one with it)."""
     if kind == "smolvla":
-        joint.install_smolvla(policy.model.vlm_with_expert)
+        joint.install_smolvla(policy.model.vlm_with_expert, attention=attention)
     else:
-        joint.install_pi(policy.model.paligemma_with_expert, modeling_module(kind))
+        joint.install_pi(policy.model.paligemma_with_expert, modeling_module(kind), attention=attention)
 
 
 @pytest.mark.parametrize("kind", ["pi0", "pi05", "smolvla"])

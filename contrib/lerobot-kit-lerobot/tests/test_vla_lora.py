@@ -5,6 +5,7 @@ LeRobot's own policy class, equal to what the run saved, and acts."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from safetensors.torch import load_file
 
 from conftest import ACTION_DIM, PI_SIZES, REPO_ID, banner_parameters, losses, train
 from lerobot_kit_lerobot.bridge_fields import PiSizes
+from lerobot_kit_lerobot.modeling import LerobotSmolVLA
 from lerobot_kit_lerobot.pi_overrides import pi_sizes, pi_tokenizer
 from lerobot_side import act_on, observation
 
@@ -69,7 +71,8 @@ def assert_peft_loads_the_adapter(
     model = PeftModel.from_pretrained(lerobot_base, adapter_dir)
     state = model.state_dict()
     for key, tensor in saved.items():  # peft drops the adapter name when saving
-        loaded = state[key.replace(".weight", ".default.weight").replace(".bias", ".default.bias")]
+        named = key.replace(".weight", ".default.weight").replace(".bias", ".default.bias")
+        loaded = state[re.sub(r"(\.lora_embedding_[AB])$", r"\1.default", named)]
         assert torch.equal(loaded, tensor), key
     unchanged = {k.replace("base_model.model.", "").replace(".base_layer", ""): v for k, v in state.items()
                  if ".lora_" not in k}
@@ -81,9 +84,13 @@ def assert_peft_loads_the_adapter(
 def test_lora_under_fsdp2_on_a_lerobot_smolvla_gives_an_adapter_peft_loads(
     work: Path, dataset_root: Path, vla_assets: Path
 ) -> None:
+    """LeRobot's default targets and the token embedding, which peft wraps in a layer of its
+    own (the bridge reads the vocabulary's size through it)."""
     base = write_lerobot_smolvla(dataset_root, vla_assets / "smolvlm", work / "lerobot_smolvla" / "pretrained_model")
     out = work / "smolvla_lora"
+    targets = f"({LerobotSmolVLA.default_peft_targets}|.*\\.embed_tokens)"
     result = train(work, "--policy.type=lerobot_smolvla", f"--policy.path={base}", "--peft.method_type=LORA",
+                   f"--peft.target_modules={targets}",
                    "--peft.r=4", f"--output_dir={out}", "--parallelism.dp_shard=2", "--batch_size=4", "--steps=4",
                    "--save_freq=4", "--log_freq=1", "--optimizer.lr=3e-3", nproc=2, root=dataset_root)
     assert "layout fsdp" in result.stderr and "unit groups of the policy (run by joint_layer)" in result.stderr
@@ -94,6 +101,7 @@ def test_lora_under_fsdp2_on_a_lerobot_smolvla_gives_an_adapter_peft_loads(
     model, saved = assert_peft_loads_the_adapter(lerobot_base, adapter_dir)
     assert any("lm_expert" in key for key in saved)  # LeRobot's default targets: the expert's q/v ...
     assert any("action_out_proj" in key for key in saved)  # ... and the action projections
+    assert any("text_model.embed_tokens.lora_embedding_A" in key for key in saved)  # the token embedding
 
     preprocessor, postprocessor = make_pre_post_processors(lerobot_base.config, pretrained_path=str(adapter_dir))
     action = act_on(model, preprocessor, postprocessor, observation(dataset_root, 3))

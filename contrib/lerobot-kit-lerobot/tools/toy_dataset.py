@@ -19,9 +19,10 @@ TASKS = ("reach the target", "reach the target slowly")
 
 
 def make_dataset(root: Path, repo_id: str, *, episodes: int, length: int, image_hw: tuple[int, int] | None,
-                 fps: int = 10, env_state_dim: int = 0) -> Path:
-    """The dataset; ``image_hw=None`` leaves the camera out (a dataset the VLAs must refuse);
-    ``env_state_dim`` adds an ``observation.environment_state`` of that width (PushT's layout: its keypoints)."""
+                 fps: int = 10, env_state_dim: int = 0, cameras: tuple[str, ...] = ("top",)) -> Path:
+    """The dataset; ``image_hw=None`` leaves the cameras out (a dataset the VLAs must refuse);
+    ``env_state_dim`` adds an ``observation.environment_state`` of that width (PushT's layout: its keypoints);
+    ``cameras`` names the cameras (``observation.images.<name>``), each seeing the same scene."""
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     features = {
@@ -30,8 +31,8 @@ def make_dataset(root: Path, repo_id: str, *, episodes: int, length: int, image_
     }
     if env_state_dim:
         features["observation.environment_state"] = {"dtype": "float32", "shape": (env_state_dim,), "names": None}
-    if image_hw is not None:
-        features["observation.images.top"] = {
+    for camera in cameras if image_hw is not None else ():
+        features[f"observation.images.{camera}"] = {
             "dtype": "video", "shape": (*image_hw, 3), "names": ["height", "width", "channels"],
         }
     dataset = LeRobotDataset.create(repo_id, fps, features, root=root, robot_type="toy", use_videos=True)
@@ -49,7 +50,7 @@ def make_dataset(root: Path, repo_id: str, *, episodes: int, length: int, image_
             if image_hw is not None:
                 image = np.full((*image_hw, 3), int(40 + 170 * brightness), dtype=np.uint8)
                 image[: image_hw[0] // 2, :, 1] = shade
-                frame["observation.images.top"] = image
+                frame.update({f"observation.images.{camera}": image for camera in cameras})
             dataset.add_frame(frame)
             state = np.clip(state + 0.1 * np.tanh(action), -1, 1).astype(np.float32)
         dataset.save_episode()

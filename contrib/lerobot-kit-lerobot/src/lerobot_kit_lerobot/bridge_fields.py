@@ -11,14 +11,18 @@ LeRobot's π0 and π0.5 name two things in code rather than in their config:
   the vision tower and the vocabulary, for tests and small experiments on LeRobot's own
   classes; unset (the default), the sizes are LeRobot's.
 
-Neither is a field of LeRobot's config, so neither is written to ``config.json``; both
+π0, π0.5 and SmolVLA also get ``--policy.attention``: how their joint layers attend,
+``sdpa`` (a fused kernel, ``fused_attention``) or ``eager`` (LeRobot's own code). It
+changes no weight, name or file, so a resume may change it (``resume_may_change``).
+
+None of these is a field of LeRobot's config, so none is written to ``config.json``; all
 are in the run's ``train_config.json``, and ``--policy.path`` takes them from there.
 Torch-free (the hook module imports it).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
@@ -87,5 +91,19 @@ PI_FIELDS: dict[str, tuple[Any, Any]] = {
     )),
 }
 
+ATTENTION_FIELDS: dict[str, tuple[Any, Any]] = {
+    "attention": (Literal["sdpa", "eager"], Field(
+        "sdpa",
+        description="How the joint layers of the VLM and the action expert attend: sdpa, through "
+        "torch's fused scaled_dot_product_attention (no score matrix kept; LeRobot's mask, scale and "
+        "grouped heads), or eager, LeRobot's own attention code. The same weights and checkpoints either "
+        "way; may change on resume (bridge flag).",
+    )),
+}
+
 # LeRobot type -> the bridge's extra fields: name -> (annotation, pydantic Field).
-EXTRA_FIELDS: dict[str, dict[str, tuple[Any, Any]]] = {"pi0": PI_FIELDS, "pi05": PI_FIELDS}
+EXTRA_FIELDS: dict[str, dict[str, tuple[Any, Any]]] = {
+    "pi0": PI_FIELDS | ATTENTION_FIELDS,
+    "pi05": PI_FIELDS | ATTENTION_FIELDS,
+    "smolvla": ATTENTION_FIELDS,
+}

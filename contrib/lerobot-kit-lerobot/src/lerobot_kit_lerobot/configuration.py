@@ -25,10 +25,11 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, create_model, model_validator
+from pydantic import Field, PrivateAttr, SerializerFunctionWrapHandler, create_model, model_serializer, model_validator
 
 from lerobot_kit.api import PolicyConfig
 from lerobot_kit_lerobot.bridge_fields import EXTRA_FIELDS
+from lerobot_kit_lerobot.files_digest import DIGEST_KEY, FILES_FLAG, folder_digest, resume_views
 from lerobot_kit_lerobot.policies import registered_name
 
 SCHEMAS: dict[str, Any] = json.loads(files("lerobot_kit_lerobot").joinpath("schemas.json").read_text())
@@ -50,6 +51,12 @@ class LerobotPolicyConfig(PolicyConfig):
     lerobot_type: ClassVar[str]
     lerobot_fields: ClassVar[tuple[str, ...]]
     bridge_fields: ClassVar[tuple[str, ...]] = ()
+    # The flag naming the folder LeRobot loads files from (π0/π0.5's tokenizer, SmolVLA's VLM), and
+    # the digest of what it held at validation, recorded with the run (``files_digest``).
+    files_flag: ClassVar[str | None] = None
+    _files_digest: str | None = PrivateAttr(None)
+    # How the VLAs' joint layers attend changes no weight: a resume may switch it.
+    resume_may_change: ClassVar[frozenset[str]] = PolicyConfig.resume_may_change | {"attention"}
 
     @classmethod
     def claims_pretrained(cls, saved: dict[str, Any]) -> bool:
@@ -83,6 +90,32 @@ class LerobotPolicyConfig(PolicyConfig):
             **data,
         }
 
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_recorded_digest(cls, data: Any) -> Any:
+        """A recorded digest is of its run's folder at that run's start: a config read back from a
+        ``train_config.json`` digests the folder it names now (``_digest_files``)."""
+        if isinstance(data, dict) and DIGEST_KEY in data:
+            return {key: value for key, value in data.items() if key != DIGEST_KEY}
+        return data
+
+    @model_validator(mode="after")
+    def _digest_files(self) -> LerobotPolicyConfig:
+        self._files_digest = folder_digest(getattr(self, self.files_flag)) if self.files_flag else None
+        return self
+
+    @model_serializer(mode="wrap")
+    def _with_files_digest(self, handler: SerializerFunctionWrapHandler) -> Any:
+        dumped = handler(self)
+        if self._files_digest and isinstance(dumped, dict):
+            dumped[DIGEST_KEY] = self._files_digest
+        return dumped
+
+    @classmethod
+    def resume_views(cls, new: dict[str, Any], recorded: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A folder of files compares by what it holds, not where it is (``files_digest``)."""
+        return resume_views(cls.files_flag, new, recorded)
+
     @model_validator(mode="after")
     def _lerobot_accepts(self) -> LerobotPolicyConfig:
         from lerobot_kit_lerobot.lerobot_config import to_lerobot_config
@@ -92,6 +125,14 @@ class LerobotPolicyConfig(PolicyConfig):
                 raise ValueError(f"--policy.{name}=true is LeRobot's own switch; under lerobot-kit use {instead}")
         to_lerobot_config(self)  # raises ValueError with LeRobot's own message
         return self
+
+    def pretrained_problem(self, folder: Path) -> str | None:
+        """What lerobot-kit's check of a policy folder this config validated for (inspect-checkpoint,
+        ``--policy.path``, a resume, eval) reports beyond its fields: weights that are not the
+        model it describes (``pretrained_weights``)."""
+        from lerobot_kit_lerobot.pretrained_weights import weights_problem
+
+        return weights_problem(self, folder)
 
     def plan_inputs(self) -> dict[str, tuple[list[int], str]]:
         """Batch entries a run's preprocessor adds that the dataset has none of, by shape and
@@ -182,6 +223,7 @@ def make_config_class(lerobot_type: str) -> type[LerobotPolicyConfig]:
     config_class.lerobot_type = lerobot_type
     config_class.lerobot_fields = tuple(field["name"] for field in schema["fields"])
     config_class.bridge_fields = tuple(extras)
+    config_class.files_flag = FILES_FLAG.get(lerobot_type)
     return config_class
 
 

@@ -18,6 +18,11 @@ forward unchanged. ``fsdp_unit_groups`` then names each pair and ``joint_layer``
 lerobot-kit shards the pair as one unit and registers ``joint_layer`` as an FSDP forward
 method, so calling it gathers both layers, frees them after, and reduces their
 gradients once. The numbers are LeRobot's (tested equal to its forward).
+
+``attention`` (``--policy.attention``) picks how a pair attends: ``eager``, LeRobot's own
+attention code; ``sdpa``, the same attention through a fused kernel (``fused_attention``),
+for which the forward converts LeRobot's mask once, into the additive mask every pair
+reads.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from typing import Any
 from torch import Tensor, nn
 
 from lerobot_kit.api import UnitGroup
+from lerobot_kit_lerobot.fused_attention import (
+    SDPA, additive_mask, compute_dtype, pi_layer_function, smolvla_attention_interface,
+)
 
 JOINT_METHOD = "joint_layer"
 
@@ -48,17 +56,20 @@ class PiJointLayer:
                             rotary_emb=self.rotary)
 
 
-def install_pi(with_expert: nn.Module, modeling: Any) -> None:
+def install_pi(with_expert: nn.Module, modeling: Any, *, attention: str) -> None:
     """Give each VLM layer of LeRobot's ``PaliGemmaWithExpertModel`` its pair's method, and
     the model a forward that calls them (``modeling``: LeRobot's modeling module)."""
+    fused = attention == SDPA
+    compute = pi_layer_function(modeling) if fused else modeling.compute_layer_complete
     language = with_expert.paligemma.model.language_model
     for vlm, expert in zip(language.layers, with_expert.gemma_expert.model.layers, strict=True):
-        setattr(vlm, JOINT_METHOD, PiJointLayer(modeling.compute_layer_complete, vlm, expert, language.rotary_emb))
-    with_expert.forward = functools.partial(_pi_forward, with_expert, with_expert.forward, modeling.layernorm_forward)
+        setattr(vlm, JOINT_METHOD, PiJointLayer(compute, vlm, expert, language.rotary_emb))
+    with_expert.forward = functools.partial(_pi_forward, with_expert, with_expert.forward, modeling.layernorm_forward,
+                                            fused)
 
 
 def _pi_forward(model: nn.Module, lerobot_forward: Callable[..., Any], layernorm_forward: Callable[..., Any],
-                attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
+                fused: bool, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: Any = None, inputs_embeds: list[Tensor | None] | None = None,
                 use_cache: bool | None = None, adarms_cond: list[Tensor | None] | None = None) -> Any:
     if inputs_embeds is None or inputs_embeds[0] is None or inputs_embeds[1] is None:
@@ -67,6 +78,8 @@ def _pi_forward(model: nn.Module, lerobot_forward: Callable[..., Any], layernorm
                                adarms_cond=adarms_cond)
     conditions = adarms_cond if adarms_cond is not None else [None, None]
     hidden = list(inputs_embeds)
+    if fused:
+        attention_mask = additive_mask(attention_mask, compute_dtype(hidden[0]))
     for layer in model.paligemma.model.language_model.layers:
         hidden = getattr(layer, JOINT_METHOD)(hidden, attention_mask, position_ids, conditions)
     norms = (model.paligemma.model.language_model.norm, model.gemma_expert.model.norm)
@@ -127,20 +140,25 @@ class SmolJointLayer:
         return outputs
 
 
-def install_smolvla(with_expert: nn.Module) -> None:
+def install_smolvla(with_expert: nn.Module, *, attention: str) -> None:
     """Give each VLM layer of LeRobot's ``SmolVLMWithExpertModel`` its method (the layers
     paired, and the kinds of attention, as LeRobot's forward has them), and the model a
-    forward that calls them."""
+    forward that calls them. The fused attention is the model's attention interface, so
+    its cached inference (LeRobot's forward) attends through it too."""
     vlm_layers, expert_layers = with_expert.get_model_layers([with_expert.get_vlm_model().text_model,
                                                              with_expert.lm_expert])
     every = with_expert.self_attn_every_n_layers
     for index, (vlm, expert) in enumerate(zip(vlm_layers, expert_layers, strict=True)):
         self_attention = "cross" not in with_expert.attention_mode or (every > 0 and index % every == 0)
         setattr(vlm, JOINT_METHOD, SmolJointLayer(with_expert, vlm, expert, self_attention))
-    with_expert.forward = functools.partial(_smolvla_forward, with_expert, with_expert.forward)
+    fused = attention == SDPA
+    if fused:
+        with_expert.get_attention_interface = smolvla_attention_interface
+    with_expert.forward = functools.partial(_smolvla_forward, with_expert, with_expert.forward, fused)
 
 
-def _smolvla_forward(model: nn.Module, lerobot_forward: Callable[..., Any], attention_mask: Tensor | None = None,
+def _smolvla_forward(model: nn.Module, lerobot_forward: Callable[..., Any], fused: bool,
+                     attention_mask: Tensor | None = None,
                      position_ids: Tensor | None = None, past_key_values: Any = None,
                      inputs_embeds: list[Tensor | None] | None = None, use_cache: bool | None = None) -> Any:
     if use_cache or past_key_values is not None or inputs_embeds is None or any(h is None for h in inputs_embeds):
@@ -149,6 +167,8 @@ def _smolvla_forward(model: nn.Module, lerobot_forward: Callable[..., Any], atte
     towers = [model.get_vlm_model().text_model, model.lm_expert]
     head_dim = model.vlm.config.text_config.head_dim
     hidden = list(inputs_embeds)
+    if fused:
+        attention_mask = additive_mask(attention_mask, compute_dtype(hidden[0]))
     for layer in towers[0].layers:
         hidden = getattr(layer, JOINT_METHOD)(hidden, attention_mask, position_ids, batch_size=hidden[0].shape[0],
                                               head_dim=head_dim)

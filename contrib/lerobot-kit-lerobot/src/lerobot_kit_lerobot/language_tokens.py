@@ -12,7 +12,7 @@ plan``'s shape-only trace) holds no ids and is passed.
 
 from __future__ import annotations
 
-from torch import Tensor
+from torch import Tensor, nn
 from torch._subclasses.fake_tensor import is_fake
 
 from lerobot_kit.api import ConfigError
@@ -31,3 +31,11 @@ def check_token_ids(batch: dict[str, Tensor], vocab_size: int, tokenizer_flag: s
             f"{vocab_size} entries (ids 0..{vocab_size - 1}): give a tokenizer whose ids fit the vocabulary, "
             "or a vocabulary that holds the tokenizer's (for π0/π0.5, --policy.sizes' vocab_size)"
         )
+
+
+def vocabulary_size(embedding: nn.Module) -> int:
+    """The rows of the token embedding, also under a LoRA on it (``--peft.target_modules``
+    naming ``embed_tokens``): peft then puts its own layer in the embedding's place, which
+    holds LeRobot's ``nn.Embedding`` as its base layer and has no ``num_embeddings``."""
+    base = embedding.get_base_layer() if hasattr(embedding, "get_base_layer") else embedding
+    return int(base.num_embeddings)

@@ -33,18 +33,21 @@ from lerobot_kit.api import (
     PER_SAMPLE_LOSS,
     ConfigError,
     DatasetMeta,
+    LerobotError,
     PluginError,
     Policy,
     PolicyProcessor,
     UnitGroup,
 )
 from lerobot_kit_lerobot import camera_masks, joint
+from lerobot_kit_lerobot.backbone_weights import backbone_weights_fetched
 from lerobot_kit_lerobot.configuration import LerobotPolicyConfig
 from lerobot_kit_lerobot.flow_noise import PerSampleDraws
-from lerobot_kit_lerobot.language_tokens import check_token_ids
-from lerobot_kit_lerobot.pi_overrides import modeling_module, pi_sizes, pi_tokenizer
+from lerobot_kit_lerobot.language_tokens import check_token_ids, vocabulary_size
+from lerobot_kit_lerobot.pi_overrides import check_joint_depths, modeling_module, pi_sizes, pi_tokenizer
 from lerobot_kit_lerobot.lerobot_config import to_lerobot_config
 from lerobot_kit_lerobot.processors import LerobotProcessor
+from lerobot_kit_lerobot.remote_code import no_remote_code
 from lerobot_kit_lerobot.sample_losses import act_forward, diffusion_forward
 from lerobot_kit_lerobot.schema_gen import check_schema
 from lerobot_kit_lerobot.smolvlm_shipped import shipped_vlm
@@ -97,10 +100,19 @@ class LerobotPolicy(Policy):
 
     def build_lerobot(self) -> PreTrainedPolicy:
         """LeRobot's policy for this config, on the current default device."""
-        with self.construction():
+        with self.building(self.config):
             return build_lerobot_policy(self.lerobot_config, on_meta=self.builds_on_meta)
 
-    def construction(self) -> contextlib.AbstractContextManager[None]:
+    @classmethod
+    @contextlib.contextmanager
+    def building(cls, config: LerobotPolicyConfig) -> Iterator[None]:
+        """What LeRobot's constructor runs inside: a backbone's weights it cannot fetch are one
+        line naming the flag (``backbone_weights``), and the type's own ``construction``."""
+        with backbone_weights_fetched(config), cls.construction(config):
+            yield
+
+    @classmethod
+    def construction(cls, config: LerobotPolicyConfig) -> contextlib.AbstractContextManager[None]:
         """What LeRobot's constructor runs inside (the bridge's size flags, for some types)."""
         return contextlib.nullcontext()
 
@@ -296,9 +308,11 @@ class LerobotVLA(LerobotPolicy):
         """What LeRobot loads from the ``files_flag`` folder with this config, for the error naming it."""
         raise NotImplementedError
 
-    def build_lerobot(self) -> PreTrainedPolicy:
-        with files_from(self.config, self.files_flag, self.files_needed(self.config)):
-            return super().build_lerobot()
+    @classmethod
+    @contextlib.contextmanager
+    def building(cls, config: LerobotPolicyConfig) -> Iterator[None]:
+        with files_from(config, cls.files_flag, cls.files_needed(config)), cls.construction(config):
+            yield
 
     @classmethod
     def make_processors(cls, config: LerobotPolicyConfig, meta: DatasetMeta) -> tuple[PolicyProcessor, PolicyProcessor]:
@@ -311,7 +325,7 @@ class LerobotVLA(LerobotPolicy):
         (see ``language_tokens``)."""
         if not self.tokens_checked:
             flag = f"--policy.{self.files_flag}={getattr(self.config, self.files_flag)}"
-            check_token_ids(batch, self.token_embedding().num_embeddings, flag)
+            check_token_ids(batch, vocabulary_size(self.token_embedding()), flag)
             self.tokens_checked = True
         with self.draws.for_batch(batch) if self.training else contextlib.nullcontext():
             loss, per_sample = flow_matching_loss(self.lerobot, batch)
@@ -339,9 +353,12 @@ def files_from(config: LerobotPolicyConfig, flag: str, needed: str) -> Iterator[
     files missing (``OSError``), or damaged, which fails anywhere inside transformers' loading
     (a ``JSONDecodeError``, a ``KeyError`` on a missing entry): what fails inside a
     ``from_pretrained`` of transformers is the folder's (but memory running out is not),
-    anything else stays the bridge's."""
+    anything else stays the bridge's. No folder's own code runs (``remote_code``)."""
     try:
-        yield
+        with no_remote_code(f"--policy.{flag}={getattr(config, flag)}"):
+            yield
+    except LerobotError:
+        raise  # a line of the bridge's already, naming the flag
     except Exception as exc:
         out_of_memory = isinstance(exc, (MemoryError, torch.OutOfMemoryError))
         if out_of_memory or not (isinstance(exc, OSError) or raised_in_transformers_loading(exc)):
@@ -384,8 +401,10 @@ class LerobotPi(LerobotVLA):
     def files_needed(cls, config: LerobotPolicyConfig) -> str:
         return "PaliGemma's tokenizer (tokenizer.json, tokenizer_config.json)"
 
-    def construction(self) -> contextlib.AbstractContextManager[None]:
-        return pi_sizes(self.lerobot_type, self.config.sizes)  # type: ignore[attr-defined]
+    @classmethod
+    def construction(cls, config: LerobotPolicyConfig) -> contextlib.AbstractContextManager[None]:
+        check_joint_depths(cls.lerobot_type, config)
+        return pi_sizes(cls.lerobot_type, config.sizes)  # type: ignore[attr-defined]
 
     @classmethod
     def processor_construction(cls, config: LerobotPolicyConfig) -> contextlib.AbstractContextManager[None]:
@@ -401,7 +420,8 @@ class LerobotPi(LerobotVLA):
 
     def install_joint(self) -> None:
         with_expert = self.model.paligemma_with_expert
-        joint.install_pi(with_expert, modeling_module(self.lerobot_type))
+        attention = self.config.attention  # type: ignore[attr-defined]
+        joint.install_pi(with_expert, modeling_module(self.lerobot_type), attention=attention)
         freeze_unreached(with_expert)
 
     def fsdp_unit_groups(self) -> list[UnitGroup]:
@@ -453,17 +473,18 @@ class LerobotSmolVLA(LerobotVLA):
                     "model.safetensors: --policy.load_vlm_weights=true)")
         return "its VLM's config and processor (config.json, processor and tokenizer files)"
 
-    def construction(self) -> contextlib.AbstractContextManager[None]:
+    @classmethod
+    def construction(cls, config: LerobotPolicyConfig) -> contextlib.AbstractContextManager[None]:
         """LeRobot's default VLM from the architecture the bridge ships (``smolvlm_shipped``):
-        no download to build the model."""
-        return shipped_vlm(self.config.vlm_model_name, self.config.load_vlm_weights)  # type: ignore[attr-defined]
+        no download to build the model; another VLM must be a SmolVLM."""
+        return shipped_vlm(config.vlm_model_name, config.load_vlm_weights)  # type: ignore[attr-defined]
 
     def token_embedding(self) -> torch.nn.Embedding:
         return self.model.vlm_with_expert.get_vlm_model().text_model.get_input_embeddings()
 
     def install_joint(self) -> None:
         flow = self.model
-        joint.install_smolvla(flow.vlm_with_expert)
+        joint.install_smolvla(flow.vlm_with_expert, attention=self.config.attention)  # type: ignore[attr-defined]
         # Plain tensor attributes of LeRobot's model (token ids), made where the model was
         # built: on meta they would hold no values, and they are neither parameters nor buffers.
         if flow.global_image_start_token.is_meta:

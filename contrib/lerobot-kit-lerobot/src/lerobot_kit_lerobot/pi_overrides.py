@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
+from lerobot_kit.api import ConfigError
 from lerobot_kit_lerobot.bridge_fields import PiSizes
 
 
@@ -77,6 +78,25 @@ def pi_sizes(lerobot_type: str, sizes: PiSizes | None) -> Iterator[None]:
     }
     with replaced(module, replacements):
         yield
+
+
+def check_joint_depths(lerobot_type: str, config: Any) -> None:
+    """Refuse ``--policy.sizes`` whose VLM and action expert differ in depth: LeRobot's
+    π0/π0.5 compute layer i of both as one joint attention (``compute_layer_complete``),
+    so the deeper tower's last layers would have no partner (LeRobot fails on them with a
+    bare ``zip()`` or index error)."""
+    if config.sizes is None:
+        return
+    variants = {"VLM": config.paligemma_variant, "action expert": config.action_expert_variant}
+    with pi_sizes(lerobot_type, config.sizes):
+        get_config = modeling_module(lerobot_type).get_gemma_config
+        depths = {role: get_config(variant).depth for role, variant in variants.items()}
+    if len(set(depths.values())) > 1:
+        towers = " and ".join(f"the {role} ({variants[role]}) {depth}" for role, depth in depths.items())
+        raise ConfigError(
+            f"--policy.sizes: {towers} layers deep, and LeRobot's {lerobot_type} runs layer i of both as one joint "
+            "attention: give both towers one depth"
+        )
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from lerobot_kit.api import ConfigError
 from lerobot_kit_lerobot.pi_overrides import replaced
 
 SHIPPED_FILE = Path(__file__).with_name("smolvlm2_500m_video_instruct.json")
@@ -53,11 +54,30 @@ def shipped_config() -> Any:
     return SmolVLMConfig(**shipped()["config"])
 
 
+def check_smolvlm(vlm_model_name: str) -> None:
+    """Refuse a VLM of another architecture in one line naming the flag: LeRobot's SmolVLA
+    builds ``SmolVLMForConditionalGeneration`` from the config it loads and reads its
+    ``text_config`` and vision model, so any other model fails inside its constructor (a
+    bare ``AttributeError`` for a Llama's config)."""
+    from transformers import AutoConfig
+
+    model_type = getattr(AutoConfig.from_pretrained(vlm_model_name), "model_type", None)
+    expected = shipped_config().model_type
+    if model_type != expected:
+        raise ConfigError(
+            f"--policy.vlm_model_name={vlm_model_name}: its config.json describes a {model_type!r} model, and "
+            f"LeRobot's SmolVLA is built on a SmolVLM ({expected!r}, such as {shipped()['hub_id']}): give the "
+            "files of a SmolVLM"
+        )
+
+
 @contextlib.contextmanager
 def shipped_vlm(vlm_model_name: str, load_vlm_weights: bool) -> Iterator[None]:
     """LeRobot's SmolVLA constructor, run inside this block, builds its VLM from the shipped
-    architecture when ``uses_shipped``; otherwise it loads what it names, as LeRobot does."""
+    architecture when ``uses_shipped``; otherwise it loads what it names, as LeRobot does,
+    once ``check_smolvlm`` found a SmolVLM there."""
     if not uses_shipped(vlm_model_name, load_vlm_weights):
+        check_smolvlm(vlm_model_name)
         yield
         return
     module = importlib.import_module("lerobot.policies.smolvla.smolvlm_with_expert")
