@@ -166,7 +166,7 @@ def test_a_resume_whose_files_folder_holds_other_files_is_refused(runs: dict, vl
     refused = _lerobot("train", "--resume=true", f"--config_path={step / 'pretrained_model' / 'train_config.json'}",
                        f"--policy.{flag}={changed}", "--parallelism.dp_shard=1")  # one process here
     assert refused.returncode == 2, refused.stderr[-3000:]
-    line = refused.stderr.strip().removeprefix("error: ")
+    line = refused.stderr.strip().splitlines()[-1].removeprefix("error: ")  # after LeRobot's own prints
     assert "\n" not in line and line.startswith(f"--policy.{flag}={changed} (files sha256:"), line
     assert f"(checkpoint: {vla_assets / assets} (files sha256:" in line and "differs from the checkpoint" in line
 
