@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_DIR = Path(__file__).resolve().parent
@@ -115,6 +115,22 @@ def paired(ours: Sequence[float], reference: Sequence[float]) -> dict[str, float
         "ratio_max": max(ratios),
         "pairs": len(ratios),
     }
+
+
+def samples_per_cpu_second(requests: Iterator[Any], samples: int) -> Callable[[], float]:
+    """A measurement of ``samples`` samples drawn from ``requests`` (a DataLoader iterator
+    with ``--num_workers=0``: one worker's requests, served in this process), in samples per
+    CPU-second of this process: a worker's throughput when it has a core (on a shared
+    machine, wall time measures the neighbours too). A request is a list of items or a
+    collated batch."""
+    def rate() -> float:
+        start, count = time.process_time(), 0
+        while count < samples:
+            served = next(requests)
+            count += len(served) if isinstance(served, list) else len(served["index"])
+        return count / (time.process_time() - start)
+
+    return rate
 
 
 def alternate(reps: int, first: Callable[[], float], second: Callable[[], float]) -> tuple[list[float], list[float]]:
@@ -326,6 +342,78 @@ def run_timed(
     if timed.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} exited {timed.returncode}:\n{timed.stdout[-2000:]}{timed.stderr[-3000:]}")
     return timed
+
+
+@dataclass
+class LineTimed:
+    seconds: float  # from spawn until the line was printed
+    peak_rss: int | None  # bytes, summed over the process tree; None unless asked for
+    processes: int | None  # the most processes seen in the tree at once; None unless asked for
+
+
+def time_to_line(argv: list[str], env: dict[str, str], marker: str, timeout: float, tree_rss: bool = False
+                 ) -> LineTimed:
+    """Seconds from spawn until a line containing ``marker`` is printed (stdout or stderr); the
+    command must then exit 0. With ``tree_rss``, also the peak of the summed resident memory
+    of its process tree over the whole run (the command and its children, such as DataLoader
+    workers, sampled every 10 ms: ``ru_maxrss`` would give the largest process alone), and
+    the most processes seen in it."""
+    peak, processes, stop = [0], [0], threading.Event()
+
+    def watch(pid: int) -> None:
+        while not stop.is_set():
+            pids = _process_tree(pid)
+            peak[0] = max(peak[0], sum(_resident(p) for p in pids))
+            processes[0] = max(processes[0], len(pids))
+            stop.wait(0.01)
+
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    watcher = threading.Thread(target=watch, args=(proc.pid,), daemon=True)
+    if tree_rss:
+        watcher.start()
+    killer = threading.Timer(timeout, proc.kill)
+    killer.start()
+    seen, lines = None, []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if seen is None and marker in line:
+                seen = time.perf_counter() - start
+        proc.wait()
+    finally:
+        killer.cancel()
+        stop.set()
+        if tree_rss:
+            watcher.join()
+    if proc.returncode != 0 or seen is None:
+        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode} without {marker!r}:\n{''.join(lines)[-3000:]}")
+    return LineTimed(seen, peak[0] if tree_rss else None, processes[0] if tree_rss else None)
+
+
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, as the kernel lists them now."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as children:
+                    todo += [int(child) for child in children.read().split()]
+        except OSError:  # exited meanwhile
+            pass
+    return found
+
+
+def _resident(pid: int) -> int:
+    """Resident bytes of process ``pid`` now (0 once it has exited)."""
+    try:
+        with open(f"/proc/{pid}/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError):
+        return 0
 
 
 class LineServer:

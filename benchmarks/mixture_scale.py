@@ -19,29 +19,44 @@ against one dataset holding the same frames, with the random sampler and with
 its sampler makes, served in this process (``--num_workers=0``, what one worker does),
 in CPU seconds, blocks alternating, after a pass over every member (column caches built,
 files in the page cache). Goal: ≥ 0.9. Random sampling draws each sample's member
-afresh, and a process keeps at most a quarter of its open-file limit of each kind of file
-open (256 videos and 256 data files at the usual limit of 1024): with 500 members, about
-half the samples (with episode blocks, half the blocks) open their member's video and
-data file, which the single dataset never does; with a camera this small, opening a
-video costs more than decoding a frame of it. The same rows at the size robots record:
-2k frames of one 480×640 camera in 20-frame episodes, a mixture of 100 members against
-one dataset (``--smoke``: 200 frames of 48×64, 10 members), where decoding dominates
-and the memory bound on open decoders (53 of 480×640) keeps about half of them open.
+afresh: a batch of 8 reads 8 members, one item each, where the single dataset reads its
+8 items together. The same rows at the size robots record: 2k frames of one 480×640
+camera in 20-frame episodes, a mixture of 100 members against one dataset (``--smoke``:
+200 frames of 48×64, 10 members), where decoding dominates and the memory bound on open
+decoders (128 MB: about 40 of 480×640) keeps fewer than half of them open.
+
+Every measured process starts under a soft open-file limit of 1024 (``OPEN_FILE_LIMIT``,
+many systems' default; the hard limit where that is lower), this one and the training
+commands alike: a process keeps three quarters of its limit of video decoders open
+(768), and its mapped data files hold no descriptor. A mixture whose members hold more
+videos raises its soft limit toward the hard one; the result records the limits (soft at
+start, hard, soft once the mixture was opened) and the load average around each row.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import subprocess
+import resource
 import sys
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
-from _common import REPO, Context, Result, Row, alternate, clean_env, console_script, judge, paired
+from _common import (
+    REPO,
+    Context,
+    Result,
+    Row,
+    alternate,
+    clean_env,
+    console_script,
+    judge,
+    paired,
+    samples_per_cpu_second,
+    time_to_line,
+)
 
 NAME = "mixture_scale"
 BATCH = 8
@@ -50,6 +65,7 @@ SCALE_GOAL = "<= 1.5"
 RATE_GOAL = ">= 0.9"
 FIRST_STEP = "step 1/2"
 MB = 1 << 20
+OPEN_FILE_LIMIT = 1024  # the soft open-file limit every measured process starts under
 
 
 @dataclass(frozen=True)
@@ -117,65 +133,6 @@ def _dataset_flags(ctx: Context, roots: list[Path]) -> list[str]:
 # ----------------------------------------------------------------------------- start-up and memory
 
 
-def _tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (the DataLoader workers), as the kernel lists them now."""
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        try:
-            for task in os.listdir(f"/proc/{current}/task"):
-                with open(f"/proc/{current}/task/{task}/children") as children:
-                    todo += [int(child) for child in children.read().split()]
-        except OSError:  # exited meanwhile
-            pass
-    return found
-
-
-def _rss(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, IndexError):
-        return 0
-
-
-def _first_step(argv: list[str], env: dict[str, str], timeout: float) -> dict[str, float]:
-    """Seconds from spawn to the first step's line, and the peak summed RSS of the process tree
-    (and the most processes seen in it) over the whole run."""
-    peak, processes, stop = [0], [0], threading.Event()
-
-    def watch(pid: int) -> None:
-        while not stop.is_set():
-            pids = _tree(pid)
-            peak[0] = max(peak[0], sum(_rss(p) for p in pids))
-            processes[0] = max(processes[0], len(pids))
-            stop.wait(0.01)
-
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    watcher = threading.Thread(target=watch, args=(proc.pid,), daemon=True)
-    watcher.start()
-    killer = threading.Timer(timeout, proc.kill)
-    killer.start()
-    seen, lines = None, []
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if seen is None and FIRST_STEP in line:
-                seen = time.perf_counter() - start
-        proc.wait()
-    finally:
-        killer.cancel()
-        stop.set()
-        watcher.join()
-    if proc.returncode != 0 or seen is None:
-        output = "".join(lines)[-3000:]
-        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode} without {FIRST_STEP!r}:\n{output}")
-    return {"first_step_s": seen, "peak_rss": peak[0], "processes": processes[0]}
-
-
 def _train(ctx: Context, roots: list[Path]) -> Callable[[], dict[str, float]]:
     runs = iter(range(1000))
     folder = ctx.folder(NAME, f"train{len(roots)}")
@@ -184,7 +141,9 @@ def _train(ctx: Context, roots: list[Path]) -> Callable[[], dict[str, float]]:
         argv = [console_script("lerobot"), "train", *_dataset_flags(ctx, roots), "--steps=2", "--log_freq=1",
                 f"--batch_size={BATCH}", f"--num_workers={WORKERS}", "--save_checkpoint=false",
                 f"--output_dir={folder / f'run{next(runs)}'}"]
-        return _first_step(argv, clean_env(ctx.workdir), timeout=900)
+        timed = time_to_line(argv, clean_env(ctx.workdir), FIRST_STEP, timeout=900, tree_rss=True)
+        return {"first_step_s": timed.seconds, "peak_rss": timed.peak_rss, "processes": timed.processes,
+                "load_average_1min": os.getloadavg()[0]}
 
     return once
 
@@ -206,7 +165,7 @@ def _scale(ctx: Context, result: Result, few: list[Path], many: list[Path]) -> N
         result.rows.append(Row(
             f"lerobot train --dataset.mixture, {label}: {name}", stats["ours"], stats["reference"], unit,
             stats["ratio"], SCALE_GOAL, judge(stats["ratio"], SCALE_GOAL),
-            f"ACT, batch {BATCH}, {WORKERS} workers; reference: {len(few)} members",
+            f"ACT, batch {BATCH}, {WORKERS} workers; reference: {len(few)} members; open-file limit {_soft_limit()}",
         ))
 
 
@@ -229,15 +188,7 @@ def _loader_rate(ctx: Context, flags: list[str], episode: int, samples: int, slu
     for i in range(0, len(dataset), episode):  # every member's files opened once, caches built
         dataset[i]
     requests = iter(build_loader(dataset, config, 1, 0, DataPosition(), torch.device("cpu")).loader)
-
-    def rate() -> float:
-        start, count = time.process_time(), 0
-        while count < samples:
-            served = next(requests)
-            count += len(served) if isinstance(served, list) else len(served["index"])
-        return count / (time.process_time() - start)
-
-    return rate
+    return samples_per_cpu_second(requests, samples)
 
 
 def _throughput(ctx: Context, result: Result, layouts: Layouts, samples: int) -> None:
@@ -250,24 +201,49 @@ def _throughput(ctx: Context, result: Result, layouts: Layouts, samples: int) ->
         mixture = _loader_rate(ctx, [*_dataset_flags(ctx, many), *extra], layouts.episode, samples,
                                f"rate_{slug}_mixture")
         one = _loader_rate(ctx, [*_dataset_flags(ctx, single), *extra], layouts.episode, samples, f"rate_{slug}_single")
+        load_before = os.getloadavg()
         delivered, reference = alternate(ctx.pick(2, 4), mixture, one)
         stats = paired(delivered, reference)
-        result.details[f"loader, {label}, {camera}"] = {**stats, "mixture": delivered, "single": reference}
+        result.details[f"loader, {label}, {camera}"] = {
+            **stats, "mixture": delivered, "single": reference, "soft_open_file_limit": _soft_limit(),
+            "load_average": {"before": load_before, "after": os.getloadavg()},
+        }
         result.rows.append(Row(
             f"loader, {label} sampling, {camera} camera: {len(many)}-member mixture vs one dataset of the same frames",
             stats["ours"], stats["reference"], "samples/s", stats["ratio"], RATE_GOAL, judge(stats["ratio"], RATE_GOAL),
-            f"one worker's work in CPU seconds; {layouts.total} frames, AV1 GOP 2, batch {BATCH}",
+            f"one worker's work in CPU seconds; {layouts.total} frames, AV1 GOP 2, batch {BATCH}; open-file limit "
+            f"{_soft_limit()}",
         ))
+
+
+@contextlib.contextmanager
+def _usual_open_file_limit() -> Iterator[dict[str, int]]:
+    """This process, and the commands it starts, under a soft open-file limit of
+    ``OPEN_FILE_LIMIT`` (the hard limit where that is lower), restored after; yields the
+    soft limit at start and the hard limit (-1: none), for the result."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    start = OPEN_FILE_LIMIT if hard == resource.RLIM_INFINITY else min(OPEN_FILE_LIMIT, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (start, hard))
+    try:
+        yield {"soft_at_start": start, "hard": -1 if hard == resource.RLIM_INFINITY else hard}
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _soft_limit() -> int:
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def run(ctx: Context) -> Result:
     result = Result()
     small, large = _small(ctx), _large(ctx)
     result.details["layouts"] = {"small": small.counts, "large": large.counts}
-    _throughput(ctx, result, small, ctx.pick(32, 2000))
-    _throughput(ctx, result, large, ctx.pick(16, 400))
-    roots = _datasets(ctx, small)
-    _scale(ctx, result, roots["few"], roots["many"])
+    with _usual_open_file_limit() as limits:
+        result.details["open_file_limit"] = limits
+        _throughput(ctx, result, small, ctx.pick(32, 2000))
+        _throughput(ctx, result, large, ctx.pick(16, 400))
+        roots = _datasets(ctx, small)
+        _scale(ctx, result, roots["few"], roots["many"])
     return result
 
 

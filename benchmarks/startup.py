@@ -15,38 +15,14 @@ judged).
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import threading
-import time
 from typing import Callable
 
-from _common import Context, Result, Row, clean_env, console_script, judge, paired, run_timed
+from _common import Context, Result, Row, clean_env, console_script, judge, paired, run_timed, time_to_line
 from checkpoint_io import large_checkpoint
 
 NAME = "startup"
 GOAL = "< 0.5"
-
-
-def time_to_line(argv: list[str], env: dict[str, str], marker: str, timeout: float) -> float:
-    """Seconds from spawn until a line containing ``marker`` is printed (stdout or stderr)."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    watchdog = threading.Timer(timeout, proc.kill)
-    watchdog.start()
-    seen, lines = None, []
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if seen is None and marker in line:
-                seen = time.perf_counter() - start
-        proc.wait()
-    finally:
-        watchdog.cancel()
-    if proc.returncode != 0 or seen is None:
-        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode} without {marker!r}:\n{''.join(lines)[-3000:]}")
-    return seen
 
 
 def _rotating(reps: int, measures: dict[str, Callable[[], float]]) -> dict[str, list[float]]:
@@ -89,7 +65,7 @@ def run(ctx: Context) -> Result:
     def first_step() -> float:
         argv = [console_script("lerobot"), "train", "--steps=1", "--log_freq=1", "--save_checkpoint=false",
                 f"--output_dir={folder / f'run{next(runs)}'}"]
-        return time_to_line(argv, env, "step 1/1", timeout=300)
+        return time_to_line(argv, env, "step 1/1", timeout=300).seconds
 
     train = _rotating(ctx.pick(1, 3), {"train": first_step, "torch": wall([sys.executable, "-c", "import torch"])})
     result.details["first_step_s"] = train

@@ -161,8 +161,12 @@ class MixtureDataset(PolicyDataset):
         for member, slots in by_member.items():
             dataset = self.members[member].dataset
             wanted = local[slots].tolist()
-            read = dataset.items(wanted, uint8_cameras=uint8_cameras) if _reads_items(dataset) else \
-                [dataset[i] for i in wanted]
+            if not _reads_items(dataset):
+                read = [dataset[i] for i in wanted]
+            elif len(wanted) == 1:  # a random batch's usual share of a member: its one-item path costs less
+                read = [dataset.item(wanted[0], uint8_cameras=uint8_cameras)]
+            else:
+                read = dataset.items(wanted, uint8_cameras=uint8_cameras)
             for slot, item in zip(slots, read):
                 out[slot] = self._as_policy_item(member, item, uint8_cameras)
                 out[slot][MEMBER_KEY] = member_tensors[slot]
@@ -321,13 +325,10 @@ def mixture_stats(
     members: list[MixtureMember], features: dict[str, FeatureSpec], frames: np.ndarray
 ) -> dict[str, dict[str, np.ndarray]]:
     """Statistics of every feature some member has statistics for (``mixture_stats``)."""
+    renamed = [{member.rename.get(k, k): s for k, s in member.dataset.meta.stats.items()} for member in members]
     out = {}
     for key, spec in features.items():
-        parts = []
-        for member, count in zip(members, frames.tolist()):
-            own = {member.rename.get(k, k): s for k, s in member.dataset.meta.stats.items()}.get(key)
-            if own:
-                parts.append((count, own))
+        parts = [(count, own[key]) for own, count in zip(renamed, frames.tolist()) if own.get(key)]
         if parts:
             shape = np.asarray(parts[0][1]["mean"]).shape if spec.is_image and "mean" in parts[0][1] else spec.shape
             out[key] = aggregate_stats(parts, shape)

@@ -40,7 +40,7 @@ def aggregate_stats(parts: list[tuple[int, dict[str, np.ndarray]]], shape: tuple
     if set(MOMENTS) <= common:
         means = np.stack([s["mean"] for s in padded])
         mean = (weights * means).sum(0)
-        spread = np.stack([s["std"] ** 2 + (s["mean"] - mean) ** 2 for s in padded])
+        spread = np.stack([s["std"] for s in padded]) ** 2 + (means - mean) ** 2
         out["mean"], out["std"] = mean, np.sqrt((weights * spread).sum(0))
     if "min" in common:
         out["min"] = np.min(np.stack([s["min"] for s in padded]), axis=0)
@@ -54,6 +54,8 @@ def aggregate_stats(parts: list[tuple[int, dict[str, np.ndarray]]], shape: tuple
 
 def _pad(value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """A vector's statistic zero-padded to ``shape`` (what zero-padded entries have); others as they are."""
+    if value.shape == shape:
+        return value
     if value.ndim == 1 and len(shape) == 1 and value.shape[0] < shape[0]:
         return np.concatenate([value, np.zeros(shape[0] - value.shape[0])])
     return value.reshape(shape) if value.size == int(np.prod(shape)) else value

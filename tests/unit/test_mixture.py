@@ -129,6 +129,8 @@ def test_statistics_are_those_of_the_padded_concatenation(members: Path) -> None
     ("entries", "expected"),
     [
         ([{"repo_id": "t/a"}, {"repo_id": "t/nothere"}], "mixture member t/nothere: "),
+        # Members open on threads; the first bad one in the list is named, whichever failed first.
+        ([{"repo_id": "t/a"}, {"repo_id": "t/first"}, {"repo_id": "t/second"}], "mixture member t/first: "),
         ([{"repo_id": "t/a"}, {"repo_id": "t/a"}], "mixture member 1 (t/a) repeats member 0"),
         ([{"repo_id": "t/a", "weight": -1}, {"repo_id": "t/c", "weight": 1}], "weight -1.0 is negative"),
         ([{"repo_id": "t/a", "weight": 0}, {"repo_id": "t/c", "weight": 0}], "weights sum to 0"),

@@ -1,11 +1,21 @@
-"""The per-process table of open files the LeRobot reader's datasets share (``open_files``)."""
+"""The per-process table of open files the LeRobot reader's datasets share (``open_files``), the
+open-file limit it is sized by, and maps that hold no descriptor (``mapped``)."""
 
 from __future__ import annotations
 
+import gc
+import json
 import multiprocessing
+import os
+import resource
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
+import pytest
+
+from lerobot_kit.plugins.datasets.lerobot.mapped import map_read_only
 from lerobot_kit.plugins.datasets.lerobot.open_files import OpenFiles
 
 CHILD_TIMEOUT_S = 30
@@ -69,3 +79,48 @@ def test_a_forked_child_starts_empty_and_leaves_the_parents_entries_open() -> No
     assert child.exitcode == 0
     assert results.get(timeout=10) == (0, 1)
     assert closed == [] and table.peek("parent") == "opened in the parent"
+
+
+def test_a_mapped_file_holds_no_descriptor_and_is_unmapped_with_its_last_view(tmp_path: Path) -> None:
+    path = tmp_path / "arrays.bin"
+    path.write_bytes(np.arange(1000, dtype=np.int64).tobytes())
+    before = len(os.listdir("/proc/self/fd"))
+    fd = os.open(path, os.O_RDONLY)
+    data = map_read_only(fd, path.stat().st_size)
+    os.close(fd)
+    view = np.frombuffer(data, np.int64, 10, 8)
+    del data
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert view.tolist() == list(range(1, 11)) and not view.flags.writeable
+    assert str(path) in Path("/proc/self/maps").read_text()
+    del view
+    gc.collect()
+    assert str(path) not in Path("/proc/self/maps").read_text()
+
+
+RAISE = r"""
+import json, logging, resource, sys
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+hard = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+from lerobot_kit.plugins.datasets.lerobot.open_files import FileBudget, raise_open_file_limit
+budget = FileBudget(3 / 4)
+before = budget()
+raise_open_file_limit(500)
+after_few = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+raise_open_file_limit(1500)
+print(json.dumps([before, after_few, resource.getrlimit(resource.RLIMIT_NOFILE)[0], budget()]))
+"""
+
+
+@pytest.mark.parametrize(("hard", "expected"), [(4096, [768, 1024, 2000, 1500]), (1024, [768, 1024, 1024, 768])])
+def test_a_soft_limit_below_what_the_decoders_want_is_raised_up_to_the_hard_limit(hard: int, expected: list[int]
+                                                                                   ) -> None:
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < hard:
+        pytest.skip(f"this machine's hard open-file limit is below {hard}")
+    result = subprocess.run([sys.executable, "-c", RAISE, str(hard)], capture_output=True, text=True, timeout=60,
+                            check=True)
+    assert json.loads(result.stdout.splitlines()[-1]) == expected
+    raised = [line for line in result.stderr.splitlines() if "open-file limit" in line]
+    assert raised == ([f"raised this process's soft open-file limit from 1024 to 2000 (hard limit {hard}) so that "
+                       "1500 of the 1500 video files stay open; see docs/mixtures.md"] if hard > 1024 else [])

@@ -20,7 +20,6 @@ from __future__ import annotations
 import errno
 import json
 import math
-import mmap
 import os
 import stat
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from lerobot_kit.plugins.datasets.lerobot.files import LeRobotDatasetError
+from lerobot_kit.plugins.datasets.lerobot.mapped import map_read_only
 from lerobot_kit.plugins.datasets.lerobot.meta import LeRobotInfo
 
 # Bump when the layout of an entry, or what building one guarantees, changes (2: checked finite;
@@ -75,7 +75,8 @@ def open_entry(entry: Path, info: LeRobotInfo, rows: int | None) -> FileColumns:
     try:
         size = os.fstat(fd).st_size
         # mmap refuses an empty file; an entry whose arrays are all empty has nothing to map.
-        data = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else b""
+        # The map holds no descriptor (``mapped``): a process's maps never count against its open-file limit.
+        data = map_read_only(fd, size) if size else b""
     finally:
         os.close(fd)
     arrays = _arrays(manifest, size)

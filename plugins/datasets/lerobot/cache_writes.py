@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lerobot_kit.api import byte_size
 from lerobot_kit.plugins.datasets.lerobot.cache_entry import ALIGNMENT, EntryDamaged
 from lerobot_kit.plugins.datasets.lerobot.files import require_pyarrow
 from lerobot_kit.plugins.datasets.lerobot.meta import LeRobotInfo
@@ -51,7 +52,7 @@ def build_failed_line(entry: Path, source: Path, exc: OSError, needed: int | Non
     where = entry.parent.parent  # the cache folder, above v<FORMAT>/
     failed = _errno_text(exc)
     if exc.errno in NO_SPACE_ERRNOS:
-        need = f"it needs about {_bytes(needed)}, and " if needed is not None else ""
+        need = f"it needs about {byte_size(needed, exact=True)}, and " if needed is not None else ""
         fix = ("free space there, or point XDG_CACHE_HOME at a larger disk" if user_cache else
                "free space there (a dataset folder this user may not write keeps its cache under "
                "$XDG_CACHE_HOME/lerobot_kit/ instead)")
@@ -88,10 +89,6 @@ def _free(folder: Path) -> str:
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     try:
-        return _bytes(shutil.disk_usage(existing).free)
+        return byte_size(shutil.disk_usage(existing).free, exact=True)
     except OSError:
         return "an unknown amount"
-
-
-def _bytes(nbytes: int) -> str:
-    return f"{nbytes} bytes" if nbytes < 100_000 else f"{nbytes / 1e6:.1f} MB ({nbytes} bytes)"

@@ -10,13 +10,13 @@ process (each rank, each DataLoader worker) maps that file read-only, so a node 
 one copy of it, in the page cache, however many processes read it; process memory stays
 flat in dataset size.
 
-One file, one map: a map holds a file descriptor (Python's ``mmap`` keeps a duplicate of
-the file's), and opening one file costs a fraction of opening one per column. A process
-keeps at most ``MAX_OPEN_DATA_FILES`` data files mapped, all its datasets together
-(``cached_file_columns``), so a run mixing hundreds of datasets stays within the
-open-file limit in each DataLoader worker; the least recently used is dropped first,
-and its descriptor closes with the last array that views it (items hold copies, never
-views).
+One file, one map: opening one file costs a fraction of opening one per column. A map
+holds no file descriptor (``mapped``), so mapped data files never count against the
+open-file limit, which is left to the video decoders. A process keeps at most
+``MAX_OPEN_DATA_FILES`` data files mapped, all its datasets together
+(``cached_file_columns``), so a run mixing thousands of datasets keeps a bounded number of
+maps; the least recently used is dropped first, and unmapped with the last array that
+views it (items hold copies, never views).
 
 Rows are stored grouped by episode in episode-index order, each episode in
 ``frame_index`` order, so an episode is a contiguous row range. A cache entry is named
@@ -71,16 +71,15 @@ from lerobot_kit.plugins.datasets.lerobot.files import (
     require_pyarrow,
 )
 from lerobot_kit.plugins.datasets.lerobot.meta import EpisodeRow, LeRobotInfo, SourceFeature
-from lerobot_kit.plugins.datasets.lerobot.open_files import OpenFiles, file_budget
+from lerobot_kit.plugins.datasets.lerobot.open_files import MAX_FILE_BUDGET, OpenFiles
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 CACHE_DIR = ".lerobot_kit_cache"
 IMAGE_BATCH_ROWS = 256  # rows of encoded images read at a time while building: bounds build memory
-# Per process, all datasets together (one file descriptor each): a quarter of the open-file
-# limit (256 of the usual 1024), with room for the video decoders, the loader's pipes and libraries.
-MAX_OPEN_DATA_FILES = file_budget(1 / 4)
+# Per process, all datasets together. A map holds no descriptor, so the bound is not the open-file limit's.
+MAX_OPEN_DATA_FILES = MAX_FILE_BUDGET
 
 logger = logging.getLogger("lerobot_kit")
 

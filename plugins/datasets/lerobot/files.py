@@ -7,17 +7,19 @@ the loader.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from lerobot_kit.api import LerobotError
+from lerobot_kit.api import read_json as api_read_json
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
 DATASET_EXTRA = "pip install 'lerobot-kit[dataset]'"
+THREADED_READ_ROWS = 10_000  # a parquet file of more rows is read by pyarrow's thread pool
 
 
 class LeRobotDatasetError(LerobotError):
@@ -45,38 +47,45 @@ def require_pil() -> ModuleType:
 
 
 def read_json(path: Path) -> Any:
-    try:
-        text = path.read_text()
-    except FileNotFoundError as exc:
-        raise LeRobotDatasetError(f"{path}: missing; the dataset is incomplete (re-copy or re-download it)") from exc
-    except OSError as exc:
-        raise LeRobotDatasetError(f"{path}: cannot be read: {exc}") from exc
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise LeRobotDatasetError(f"{path}: not valid JSON ({exc}); the file is corrupt or truncated") from exc
+    """A metadata file of the dataset, or one line naming it, what is wrong and the fix."""
+    return api_read_json(path, "the dataset is incomplete or damaged: re-copy or re-download it",
+                         error=LeRobotDatasetError)
 
 
 def parquet_columns(path: Path, what: str) -> list[str]:
     """Column names of a parquet file, read from its footer only."""
-    pq = require_pyarrow()
+    with _open_parquet(path, what) as handle:
+        return list(handle.schema_arrow.names)
+
+
+def read_parquet(path: Path, columns: list[str], what: str, optional: tuple[str, ...] = ()) -> pa.Table:
+    """The named columns of a parquet file, and those of ``optional`` it has; ``what`` says
+    what the file holds, for the error.
+
+    The footer is read once, for the check and the read together: a mixture opens a few
+    small metadata files per member, hundreds of members at start-up, where reading a
+    footer costs as much as the data (and ``pq.read_table``'s dataset layer several times
+    more). A small file is read on the calling thread: waking pyarrow's pool costs more
+    than reading it."""
+    with _open_parquet(path, what) as handle:
+        present = list(handle.schema_arrow.names)
+        missing = [c for c in columns if c not in present]
+        if missing:
+            raise LeRobotDatasetError(f"{path}: missing column(s) {missing}; it holds {what} and has {present}")
+        try:
+            wanted = [*columns, *(c for c in optional if c in present and c not in columns)]
+            return handle.read(columns=wanted, use_threads=handle.metadata.num_rows > THREADED_READ_ROWS)
+        except Exception as exc:  # noqa: BLE001
+            raise LeRobotDatasetError(f"{path}: not a readable parquet file ({exc}); it holds {what}") from exc
+
+
+def _open_parquet(path: Path, what: str) -> pq.ParquetFile:
+    """A parquet file with its footer read."""
+    parquet = require_pyarrow()
     _check_exists(path, what)
     try:
-        return list(pq.read_schema(path).names)
+        return parquet.ParquetFile(path)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
-        raise LeRobotDatasetError(f"{path}: not a readable parquet file ({exc}); it holds {what}") from exc
-
-
-def read_parquet(path: Path, columns: list[str], what: str) -> pa.Table:
-    """The named columns of a parquet file; ``what`` says what the file holds, for the error."""
-    pq = require_pyarrow()
-    present = parquet_columns(path, what)
-    missing = [c for c in columns if c not in present]
-    if missing:
-        raise LeRobotDatasetError(f"{path}: missing column(s) {missing}; it holds {what} and has {present}")
-    try:
-        return pq.read_table(path, columns=columns)
-    except Exception as exc:  # noqa: BLE001
         raise LeRobotDatasetError(f"{path}: not a readable parquet file ({exc}); it holds {what}") from exc
 
 

@@ -192,8 +192,7 @@ def read_episodes(info: LeRobotInfo) -> dict[int, EpisodeRow]:
         required += [f"videos/{key}/chunk_index", f"videos/{key}/file_index", f"videos/{key}/from_timestamp"]
     rows: dict[int, EpisodeRow] = {}
     for path in files:
-        optional = [c for c in ("length", "tasks") if c in parquet_columns(path, "per-episode metadata")]
-        table = read_parquet(path, required + optional, "per-episode metadata").to_pydict()
+        table = read_parquet(path, required, "per-episode metadata", optional=("length", "tasks")).to_pydict()
         for i, index in enumerate(table["episode_index"]):
             span = table["dataset_to_index"][i] - table["dataset_from_index"][i]
             length = table["length"][i] if "length" in table else span
@@ -241,12 +240,14 @@ def read_tasks(root: Path) -> dict[int, str]:
     path = root / TASKS_FILE
     if not path.exists():
         return {}
-    columns = parquet_columns(path, "the task table")
     # pandas writes the task text as the named index "task" (unnamed: "__index_level_0__").
-    text = next((c for c in ("task", "__index_level_0__") if c in columns), None)
+    table = read_parquet(path, ["task_index"], "the task table", optional=("task", "__index_level_0__")).to_pydict()
+    text = next((c for c in ("task", "__index_level_0__") if c in table), None)
     if text is None:
-        raise LeRobotDatasetError(f"{path}: no 'task' column (has {columns}); expected task text and task_index")
-    table = read_parquet(path, ["task_index", text], "the task table").to_pydict()
+        raise LeRobotDatasetError(
+            f"{path}: no 'task' column (has {parquet_columns(path, 'the task table')}); expected task text and "
+            "task_index"
+        )
     return {int(i): str(t) for i, t in zip(table["task_index"], table[text])}
 
 
