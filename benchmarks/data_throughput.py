@@ -21,15 +21,27 @@ on a shared machine, wall time measures the neighbours too). Blocks alternate.
 Against LeRobot and against the decoder, on 1 and 3 cameras: the 2k-frame 480×640 AV1
 datasets of ``data_video`` (3 cameras: the camera's files copied to two more cameras),
 the loader ``lerobot train`` builds (``build_loader``: shuffled, batch 8, 2 workers,
-action chunk 50) drained in this process, in samples/s of wall time. Beside it, blocks
-alternating: LeRobot's reader as lerobot-train feeds it (``LeRobotDataset`` with its
-default video backend in a shuffled DataLoader of 2 workers, in LeRobot's own Python:
-``data_video.lerobot_python``; left out when there is none, and in smoke runs), goal
+action chunk 50) drained in this process, in samples/s of wall time. Its batches hold the
+camera frames as uint8, as the training step receives them (it makes them float on the
+device: ``core.data.loader.batch_to_device``). Beside it, blocks alternating: LeRobot's
+reader as lerobot-train feeds it (``LeRobotDataset`` with its default video backend in a
+shuffled DataLoader of 2 workers, in LeRobot's own Python: ``data_video.lerobot_python``;
+its batches hold float32 frames; left out when there is none, and in smoke runs), goal
 ≥ 5×; and the decoder's limit on the same cores: 2 processes (one per worker) decoding
 the same files front to back, one thread each, every frame converted to RGB by one
-converter, in frames per second over the cameras, goal ≥ 0.5. Each block first takes
-the batches the workers prefetched while the other side ran, then times the next ones.
-Whether the camera frames of 16 random items equal LeRobot's is a row of its own.
+converter, in frames over the cameras, goal ≥ 0.5. That ratio is counted per CPU-second
+(user and system time of the loader's main process and workers, camera threads included,
+against the decoding processes'), the throughput each side gets from the same cores: on a
+machine shared with other work, wall time favours the side with more runnable threads
+(the loader's main process and camera threads), and the wall-time figures are in the
+details. A third reference, reported without a goal, is the same 2 processes reading
+random frames as cheaply as a random reader can (seek to the key frame at or before the
+frame, decode up to it, convert that frame): what uniform sampling costs the decoder
+alone. Each block first takes the batches the workers prefetched while the other side
+ran, then times the next ones. Whether the camera frames of 16 random items equal
+LeRobot's is a row of its own; each comparison's details record the load average after
+it, and the comparison with LeRobot's reader also per CPU-second of each side's processes
+(its ended workers included).
 
 Data wait: ``lerobot train`` with ACT at LeRobot's sizes (``_common.LEROBOT_ACT``: 51.6 M
 parameters with resnet18, batch 8) on that dataset with the default workers; the log's
@@ -45,6 +57,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -66,6 +79,7 @@ from _common import (
     logged_rows,
     paired,
     run_timed,
+    samples_per_cpu_second,
 )
 from data_video import CHUNK, LEROBOT_LOADER, lerobot_python, rgb_converter, video_dataset
 from loop_overhead import bare_loop
@@ -77,6 +91,13 @@ BLOCK_GOAL = ">= 0.5"
 WAIT_GOAL = "<= 0.05"
 LEROBOT_GOAL = ">= 5"
 LIMIT_GOAL = ">= 0.5"
+LIMIT_NOTES = {
+    "decoder limit": "ours: build_loader (shuffled, batch {batch}, {workers} workers, chunk {chunk}, uint8 frames), "
+                     "CPU of its main process and workers; limit: {workers} processes, 1 PyAV thread each, every "
+                     "frame decoded and converted to RGB24, frames / cameras",
+    "random-read limit": "limit: {workers} processes, 1 PyAV thread each, a random frame each: seek to the key frame "
+                         "at or before it, decode up to it, convert it to RGB24; frames / cameras",
+}
 WORKERS = 2
 CAMERAS = (1, 3)
 SAME_ITEMS = 16
@@ -169,15 +190,7 @@ def _worker_rate(ctx: Context, flags: list[str], samples: int, slug: str) -> Cal
 
     config = parse_train_config([*flags, "--num_workers=0", f"--output_dir={ctx.folder(NAME, slug) / 'run'}"])
     requests = iter(build_loader(build_dataset(config), config, 1, 0, DataPosition(), torch.device("cpu")).loader)
-
-    def rate() -> float:
-        start, count = time.process_time(), 0
-        while count < samples:
-            served = next(requests)
-            count += len(served) if isinstance(served, list) else len(served["index"])
-        return count / (time.process_time() - start)
-
-    return rate
+    return samples_per_cpu_second(requests, samples)
 
 
 def _per_worker(ctx: Context, result: Result, root: Path) -> None:
@@ -199,33 +212,50 @@ def _per_worker(ctx: Context, result: Result, root: Path) -> None:
         ))
 
 
-def _drain(batches: Iterator[Any], skip: int, count: int) -> float:
-    """Samples/s over ``count`` batches, after taking ``skip`` (those prefetched while idle)."""
+def _drain(batches: Iterator[Any], skip: int, count: int, pids: list[int], per_cpu: list[float]) -> float:
+    """Samples/s over ``count`` batches, after taking ``skip`` (those prefetched while idle);
+    appends to ``per_cpu`` the samples per CPU-second the processes ``pids`` spent meanwhile."""
     for _ in range(skip):
         next(batches)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu_seconds(pids)
     for _ in range(count):
         next(batches)
+    per_cpu.append(count * BATCH / max(_cpu_seconds(pids) - cpu, 1 / os.sysconf("SC_CLK_TCK")))
     return count * BATCH / (time.perf_counter() - start)
 
 
-def _decoder_limit(ctx: Context, root: Path, cameras: int) -> tuple[Callable[[], float], list[LineServer]]:
-    """Samples/s (frames per second over the cameras) of ``WORKERS`` processes decoding the
-    dataset's video files front to back at once, each through every file in turn."""
+def _cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds (user and system, all threads) the processes have used so far (``/proc``)."""
+    ticks = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _decoder_limit(ctx: Context, root: Path, cameras: int, per_cpu: list[float]
+                   ) -> tuple[Callable[[], float], Callable[[], float], list[LineServer]]:
+    """Samples/s (frames per second over the cameras) of ``WORKERS`` processes, one decoder
+    thread each, at once on the dataset's video files: decoding them front to back (the
+    limit), and reading random frames (seek, decode to the frame, convert it: what any
+    random reader pays at least). Both convert each frame they hand out to RGB. Each call
+    appends to ``per_cpu`` the same frames per CPU-second of those processes."""
     files = sorted(str(path) for path in (root / "videos").rglob("*.mp4"))
     script = str(Path(__file__).with_name("data_video.py"))
     servers = [LineServer([sys.executable, script, "front_to_back", *files[n:], *files[:n]], clean_env(ctx.workdir))
                for n in range(WORKERS)]
     frames = ctx.pick(40, 600)
 
-    def rate() -> float:
+    def rate(command: str) -> float:
         for server in servers:
-            server.send(str(frames))
+            server.send(command)
         done = [server.reply() for server in servers]
         seconds = max(d["end"] for d in done) - min(d["start"] for d in done)
-        return sum(d["frames"] for d in done) / seconds / cameras
+        decoded = sum(d["frames"] for d in done) / cameras
+        per_cpu.append(decoded / sum(d["cpu"] for d in done))
+        return decoded / seconds
 
-    return rate, servers
+    return lambda: rate(str(frames)), lambda: rate(f"random {frames // 2}"), servers
 
 
 def _same_items(ctx: Context, root: Path, lerobot: LineServer) -> bool:
@@ -255,7 +285,7 @@ def _against_lerobot_and_decoder(ctx: Context, result: Result) -> None:
     python = None if ctx.smoke else lerobot_python()
     if python is None:
         result.details["lerobot reader"] = "left out: a smoke run, or no Python with LeRobot ($LEROBOT_PYTHON)"
-    skip, reps = WORKERS * PREFETCH_BATCHES, ctx.pick(2, 4)
+    skip, reps = WORKERS * PREFETCH_BATCHES, ctx.pick(2, 6)
     for cameras in CAMERAS:
         root = video_dataset(ctx, ctx.pick(100, 2000), cameras)
         label = f"loader, {cameras} camera{'s' if cameras > 1 else ''} {_shape(root)} AV1"
@@ -266,30 +296,51 @@ def _against_lerobot_and_decoder(ctx: Context, result: Result) -> None:
         loader = build_loader(build_dataset(config), config, 1, 0, DataPosition(), torch.device("cpu"))
         batches = iter(loader)
         count = ctx.pick(2, 30)
-        ours = lambda: _drain(batches, skip, count)  # noqa: E731
+        pids, ours_cpu = [os.getpid()], []  # this process; its workers once started
+        ours = lambda: _drain(batches, skip, count, pids, ours_cpu)  # noqa: E731
         ours()  # warm-up: workers started, decoders opened, column caches built
-        limit, servers = _decoder_limit(ctx, root, cameras)
+        pids += [worker.pid for worker in loader._workers._workers]  # DataLoader's worker processes
+        limit_cpu: list[float] = []
+        limit, random_limit, servers = _decoder_limit(ctx, root, cameras, limit_cpu)
         try:
-            delivered, decoder = alternate(reps, ours, limit)
-            stats = paired(delivered, decoder)
-            result.details[f"{label}, decoder limit"] = {**stats, "delivered": delivered, "limit": decoder}
-            result.rows.append(Row(
-                f"{label}: samples/s vs decoding the same files front to back on {WORKERS} processes",
-                stats["ours"], stats["reference"], "samples/s", stats["ratio"], LIMIT_GOAL,
-                judge(stats["ratio"], LIMIT_GOAL),
-                f"build_loader: shuffled, batch {BATCH}, {WORKERS} workers, chunk {CHUNK}; limit: frames/s / cameras",
-            ))
+            for reference, what, goal, note in (
+                (limit, "decoder limit", LIMIT_GOAL, f"decoding the same files front to back on {WORKERS} processes"),
+                (random_limit, "random-read limit", "", f"the decoder reading random frames on {WORKERS} processes"),
+            ):
+                ours_cpu.clear()
+                limit_cpu.clear()
+                delivered, decoder = alternate(reps, ours, reference)
+                stats = paired(ours_cpu, limit_cpu)
+                result.details[f"{label}, {what}"] = {
+                    **stats, "ours_per_cpu_s": list(ours_cpu), "limit_per_cpu_s": list(limit_cpu),
+                    "wall": {**paired(delivered, decoder), "delivered": delivered, "limit": decoder},
+                    "load_average": os.getloadavg()}
+                result.rows.append(Row(
+                    f"{label}: samples per CPU-second vs {note}", stats["ours"], stats["reference"],
+                    "samples/CPU-s", stats["ratio"], goal, judge(stats["ratio"], goal),
+                    LIMIT_NOTES[what].format(batch=BATCH, workers=WORKERS, chunk=CHUNK),
+                ))
             if python is not None:
                 lerobot = LineServer([python, "-c", LEROBOT_LOADER, str(root), str(BATCH), str(WORKERS)],
                                      clean_env(ctx.workdir), timeout=1800)
                 servers.append(lerobot)
-                theirs = lambda: lerobot.ask(f"rate {skip} {ctx.pick(2, 10)}")["rate"]  # noqa: E731
+                theirs_cpu: list[float] = []
+
+                def theirs() -> float:
+                    reply = lerobot.ask(f"rate {skip} {ctx.pick(2, 10)}")
+                    theirs_cpu.append(reply["per_cpu"])
+                    return reply["rate"]
+
                 theirs()  # warm-up
+                ours_cpu.clear()
+                theirs_cpu.clear()
                 delivered, reference = alternate(reps, ours, theirs)
                 stats = paired(delivered, reference)
                 backend, version = lerobot.ready["backend"], lerobot.ready["lerobot"]
-                result.details[f"{label}, lerobot"] = {**stats, "delivered": delivered, "lerobot": reference,
-                                                       "backend": backend, "version": version}
+                result.details[f"{label}, lerobot"] = {
+                    **stats, "delivered": delivered, "lerobot": reference, "backend": backend, "version": version,
+                    "per_cpu_s": {**paired(ours_cpu, theirs_cpu), "ours": list(ours_cpu), "lerobot": theirs_cpu},
+                    "load_average": os.getloadavg()}
                 result.rows.append(Row(
                     f"{label}: samples/s vs LeRobot's reader", stats["ours"], stats["reference"], "samples/s",
                     stats["ratio"], LEROBOT_GOAL, judge(stats["ratio"], LEROBOT_GOAL),

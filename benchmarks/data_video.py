@@ -116,10 +116,11 @@ print(json.dumps({{"baseline": base, "peak": rss("VmHWM:"), "frames": len(datase
 # Run by LeRobot's Python and kept running: LeRobot's reader as lerobot-train feeds it
 # (LeRobotDataset with its default video backend, a shuffled DataLoader), the action
 # chunk of ``CHUNK`` frames. Each input line is a command: ``rate SKIP N`` takes SKIP
-# batches (those the workers prefetched while idle) and then times N, printing samples/s;
+# batches (those the workers prefetched while idle) and then times N, printing samples/s
+# and samples per CPU-second of the process and its workers (those ended included);
 # ``digest [indices]`` prints, per index, the sha256 of each camera frame as uint8.
 LEROBOT_LOADER = """
-import hashlib, json, sys, time, torch
+import hashlib, json, sys, time, psutil, torch
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
 root, batch, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 torch.set_num_threads(1)
@@ -129,6 +130,15 @@ def endless():
     while True:
         yield from loader
 batches = endless()
+def cpu_seconds():
+    me = psutil.Process()
+    times = [me.cpu_times()]
+    for child in me.children(recursive=True):
+        try:
+            times.append(child.cpu_times())
+        except psutil.NoSuchProcess:
+            pass
+    return sum(t.user + t.system for t in times) + times[0].children_user + times[0].children_system
 from importlib.metadata import version
 print(json.dumps({{"backend": dataset._video_backend, "lerobot": version("lerobot")}}), flush=True)
 for line in sys.stdin:
@@ -137,10 +147,11 @@ for line in sys.stdin:
         skip, n = map(int, args[0].split())
         for _ in range(skip):
             next(batches)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), cpu_seconds()
         for _ in range(n):
             next(batches)
-        print(json.dumps({{"rate": n * batch / (time.perf_counter() - start)}}), flush=True)
+        print(json.dumps({{"rate": n * batch / (time.perf_counter() - start),
+                          "per_cpu": n * batch / (cpu_seconds() - cpu)}}), flush=True)
     else:
         items = [dataset[i] for i in json.loads(args[0])]
         digests = [[hashlib.sha256((item[key] * 255).round().to(torch.uint8).numpy().tobytes()).hexdigest()
@@ -162,9 +173,14 @@ def rgb_converter() -> Callable[[Any], Any]:
 
 
 def front_to_back(paths: list[str]) -> None:
-    """Kept running: each input line ``N`` decodes N frames, one thread, each converted to RGB
-    (``rgb_converter``), cycling through the files front to back; prints the frames and the
-    ``perf_counter`` times it started and ended."""
+    """Kept running, the decoder's limits on the dataset's files, one thread each. A line ``N``
+    decodes N frames cycling through the files front to back, each converted to RGB
+    (``rgb_converter``); ``random N`` reads N frames at random places as the cheapest random
+    reader can (seek to the key frame at or before the frame, decode up to it, convert that
+    one frame to RGB). Prints the frames, the ``perf_counter`` times it started and ended, and
+the CPU seconds it used."""
+    import random
+
     import av
 
     to_rgb = rgb_converter()
@@ -177,14 +193,30 @@ def front_to_back(paths: list[str]) -> None:
                     stream.codec_context.thread_count = 1
                     yield from container.decode(stream)
 
+    opened = [av.open(path) for path in paths]
+    for container in opened:
+        container.streams.video[0].codec_context.thread_count = 1
+    draw = random.Random(0)
+
+    def random_frame() -> None:
+        container = draw.choice(opened)
+        stream = container.streams.video[0]
+        wanted = draw.randrange(stream.frames) / FPS
+        container.seek(round(wanted / stream.time_base), backward=True, any_frame=False, stream=stream)
+        for frame in container.decode(stream):
+            if float(frame.pts * stream.time_base) >= wanted - float(stream.time_base) / 2:
+                to_rgb(frame)
+                return
+
     decoded = frames()
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
-        count = int(line)
-        start = time.perf_counter()
-        for _ in range(count):
-            to_rgb(next(decoded))
-        print(json.dumps({"frames": count, "start": start, "end": time.perf_counter()}), flush=True)
+        mode, _, count = line.strip().rpartition(" ")
+        start, cpu = time.perf_counter(), time.process_time()
+        for _ in range(int(count)):
+            random_frame() if mode == "random" else to_rgb(next(decoded))
+        print(json.dumps({"frames": int(count), "start": start, "end": time.perf_counter(),
+                          "cpu": time.process_time() - cpu}), flush=True)
 
 
 if __name__ == "__main__":

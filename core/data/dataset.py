@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lerobot_kit.core.data.windows import EpisodeWindows, expand_delta_indices
+from lerobot_kit.core.registry.contracts import contract
 
 if TYPE_CHECKING:
     import torch
@@ -84,6 +85,7 @@ class FeatureSpec:
         return cls(dtype=d["dtype"], shape=tuple(int(s) for s in d["shape"]), names=list(names) if names else None)
 
 
+@contract
 @dataclass
 class DatasetMeta:
     """Shapes and normalisation stats of a dataset (images: per-channel stats of shape (3,1,1))."""

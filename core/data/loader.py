@@ -14,10 +14,12 @@ and the benchmarks call it):
   ahead each, pinned memory when training on CUDA. What a worker returns travels packed
   in one block of shared memory (``core.data.packed``): one trip per batch, not one per
   tensor. Camera frames leave the workers as uint8, as stored (unless augmented, which
-  works in float): converting and collating float frames cost a worker more than decoding
-  them. The main process converts them to float in [0, 1] — on the device, after a 4×
-  smaller copy, when training on CUDA (the block pinned by DataLoader's pinning thread,
-  copied without blocking).
+  works in float), and the loader's batches keep them so: converting and collating float
+  frames cost a worker more than decoding them, and converting them in the main process
+  cost it more than all the rest of its share of the loading (three 480×640 cameras: 4×
+  the bytes written per frame). The training step makes them float in [0, 1] on the
+  device (``batch_to_device``), after a 4× smaller copy when training on CUDA (the block
+  pinned by DataLoader's pinning thread, copied without blocking).
 - Randomness: an item's augmentation draws come from a generator seeded by
   ``(seed, epoch, sample index)`` — not from a worker's RNG — so the same sample gets
   the same augmentation whichever worker serves it, and a resumed run, with workers or
@@ -52,7 +54,7 @@ from lerobot_kit.core.data.dataset import EPOCH_KEY, PolicyDataset, camera_to_fl
 from lerobot_kit.core.data.member_quota import MemberQuota
 from lerobot_kit.core.data.packed import Packed
 from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
-from lerobot_kit.core.data.shared_blocks import SharedBlocks
+from lerobot_kit.core.data.shared_blocks import LentBlocks, SharedBlocks
 from lerobot_kit.core.errors import ConfigError, LerobotError
 
 MAX_AUTO_WORKERS = 4  # LeRobot's default; more rarely helps a single GPU's step
@@ -261,6 +263,7 @@ class TrainingLoader:
         self.device = device
         self.blocks = blocks
         self._workers: Any = None  # the DataLoader iterator that owns the worker processes
+        self._lent = LentBlocks()  # blocks of the batches handed out, back to their workers once unused
 
     def __iter__(self) -> Iterator[Batch]:
         if self.blocks is None:
@@ -269,30 +272,32 @@ class TrainingLoader:
             return
         items = (result.unpack() if isinstance(result, Packed) else result for result in self._results())
         for batch in self.blocks.batches(items):
-            yield self._cameras_to_float(batch)
+            yield self._pinned(batch)
 
     def _delivered(self, result: Batch | Packed) -> Batch:
-        """A batch from the workers, its cameras float; a packed batch's reusable block handed
-        back to its worker, once what still viewed it is copied out (its frames were converted)."""
+        """A batch from the workers: a packed batch's tensors view its block, handed back to its
+        worker once none of them is used any more (``LentBlocks``; on CUDA DataLoader's
+        pinning thread copied the batch out already)."""
+        self._lent.release_unviewed()
         if not isinstance(result, Packed):
-            return self._cameras_to_float(result)
-        batch = self._cameras_to_float(result.unpack())  # type: ignore[arg-type]  # a batch, not items
-        if result.slot is not None:
+            return result
+        if result.slot is not None and self._lent.COUNTED:
+            self._lent.lend(result.block, result.slot)
+        batch: Batch = result.unpack()  # type: ignore[assignment]  # a batch, not items
+        if result.slot is not None and not self._lent.COUNTED:
             block = result.block.untyped_storage().data_ptr()
             batch = {key: value.clone() if isinstance(value, torch.Tensor)
                      and value.untyped_storage().data_ptr() == block else value for key, value in batch.items()}
             result.release()
         return batch
 
-    def _cameras_to_float(self, batch: Batch) -> Batch:
-        """uint8 camera batches as float in [0, 1]; on CUDA after the (4× smaller) copy to the device."""
-        for camera in self.cameras:
-            frames = batch[camera]
-            if frames.dtype == torch.uint8:
-                if self.device.type == "cuda":
-                    frames = (frames.pin_memory() if self.blocks is not None else frames).to(
-                        self.device, non_blocking=True)
-                batch[camera] = camera_to_float(frames)
+    def _pinned(self, batch: Batch) -> Batch:
+        """A batch collated here (block sampling), its uint8 cameras page-locked when training on
+        CUDA, so that ``batch_to_device`` copies them without blocking."""
+        if self.device.type == "cuda":
+            for camera in self.cameras:
+                if batch[camera].dtype == torch.uint8:
+                    batch[camera] = batch[camera].pin_memory()
         return batch
 
     def _results(self) -> Iterator[Any]:
@@ -343,6 +348,18 @@ class TrainingLoader:
             first = text.splitlines()[0]
             return DataError(f"{first} Lower --num_workers if the machine ran out of memory")
         return exc
+
+
+def batch_to_device(batch: Batch, device: torch.device, cameras: list[str]) -> Batch:
+    """A loader's batch on ``device``, its uint8 camera frames float in [0, 1] there
+    (``camera_to_float``: the values the dataset's float items hold): a quarter of the bytes
+    cross to a GPU, and the host never converts them. Text stays on the host."""
+    moved = {key: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+             for key, value in batch.items()}
+    for camera in cameras:
+        if camera in moved:
+            moved[camera] = camera_to_float(moved[camera])
+    return moved
 
 
 def build_loader(

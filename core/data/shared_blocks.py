@@ -5,10 +5,10 @@ pages is allocated, zeroed and faulted in by the worker, mapped and faulted agai
 main process, and unmapped — about 20 ms of CPU for the 22 MB batch of three 480×640
 cameras on the development machine, against 2.5 ms to copy the frames into a block
 used before. So each worker keeps a few blocks (``SLOTS``) and the main process says,
-through a small table of flags both share, when it is done with one: it has converted
-the frames out of it (to float, or into page-locked memory for the GPU) and copied the
-rest. A worker that finds none of its blocks free (or none of the size it needs) makes
-a fresh one, as before: it never waits for the main process.
+through a small table of flags both share, when it is done with one: no tensor it handed
+out views the block any more (``LentBlocks``), or it copied the batch into page-locked
+memory for the GPU. A worker that finds none of its blocks free (or none of the size it
+needs) makes a fresh one, as before: it never waits for the main process.
 
 The table is made in the main process before the workers start; a worker inherits it
 (fork) or receives it pickled, shared (spawn). Its blocks are its own, made on first use.
@@ -61,6 +61,38 @@ def release(slot: tuple[str, int, int]) -> None:
     blocks = _IN_MAIN.get(blocks_id)
     if blocks is not None:
         blocks.free[worker, index] = 1
+
+
+class LentBlocks:
+    """In the main process: the blocks of the batches it handed out, each released to its worker
+    once nothing views it any more, so a batch is delivered without copying it out of its block.
+
+    A block is in use while its storage has more references than it had when it arrived:
+    every tensor viewing it (a batch's tensors, their views, NumPy arrays of them) holds one.
+    A bare ``UntypedStorage`` object taken from a batch's tensor is not counted (torch keeps
+    one per storage from the start): keep the tensor, or a copy. Where torch does not
+    expose the count, the batch is copied out of its block and the block released at once.
+    """
+
+    COUNTED = hasattr(torch._C, "_storage_Use_Count")
+
+    def __init__(self) -> None:
+        self._lent: list[tuple[int, int, torch.Tensor, tuple[str, int, int]]] = []
+
+    def lend(self, block: torch.Tensor, slot: tuple[str, int, int]) -> None:
+        """``block`` (of ``slot``), not yet viewed by anything handed out: from now on, watched."""
+        storage = block.untyped_storage()._cdata
+        self._lent.append((storage, torch._C._storage_Use_Count(storage), block, slot))
+
+    def release_unviewed(self) -> None:
+        """Release every lent block that no tensor views any more."""
+        kept = []
+        for storage, references, block, slot in self._lent:
+            if torch._C._storage_Use_Count(storage) <= references:
+                release(slot)
+            else:
+                kept.append((storage, references, block, slot))
+        self._lent = kept
 
 
 def new_block(size: int) -> torch.Tensor:

@@ -18,7 +18,7 @@ from lerobot_dataset_factory import write_lerobot_dataset
 from lerobot_kit.core.config.flags import parse_train_config
 from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.data.build import build_dataset
-from lerobot_kit.core.data.loader import build_loader
+from lerobot_kit.core.data.loader import batch_to_device, build_loader
 from lerobot_kit.core.data.sampler import DataPosition
 from lerobot_kit.core.plan.activation_memory import (
     FSDPCompute,
@@ -61,10 +61,12 @@ def test_storages_of_inputs_are_never_counted() -> None:
 
 
 def _trainer_batch(flags: list[str]) -> tuple[dict[str, torch.Tensor], TrainConfig]:
-    """The first batch the training loader hands the trainer (its ``epoch`` key included), and the config."""
+    """The first batch the trainer computes with (its ``epoch`` key included): the loader's,
+    moved to the device as the trainer moves it (cameras float there), and the config."""
     config = parse_train_config([*flags, "--num_workers=0"])
-    loader = build_loader(build_dataset(config), config, 1, 0, DataPosition(), torch.device("cpu"))
-    return next(iter(loader)), config
+    dataset = build_dataset(config)
+    loader = build_loader(dataset, config, 1, 0, DataPosition(), torch.device("cpu"))
+    return batch_to_device(next(iter(loader)), torch.device("cpu"), dataset.meta.image_keys()), config
 
 
 def _shapes_of(batch: dict[str, torch.Tensor]) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:

@@ -172,6 +172,25 @@ def lerobot_pyav_frame(path: Path, time: float) -> np.ndarray:
     return min(loaded, key=lambda loaded_frame: abs(loaded_frame[0] - time))[1].transpose(2, 0, 1)
 
 
+def test_a_request_reads_each_video_file_once_whichever_episodes_its_items_belong_to(tmp_path: Path) -> None:
+    """Random sampling puts one item per episode in a batch; the items of the episodes a video
+    file holds are one request to its decoder (per camera), as LeRobot v3.0 packs many
+    episodes in a file, and each item still equals the item read alone."""
+    write_lerobot_dataset(tmp_path, LENGTHS, video=True, episodes_per_file=len(LENGTHS))
+    dataset = load(tmp_path, {VIDEO_KEY: [-1, 0]})
+    requests = []
+    frames = dataset._videos.frames
+    dataset._videos.frames = lambda path, key, episodes, times, shape: (
+        requests.append(sorted(set(episodes))), frames(path, key, episodes, times, shape))[1]
+    starts = np.cumsum([0, *LENGTHS[:-1]])
+    indices = (starts + [3, 0, 4, 8]).tolist()  # a frame of each episode; the second pads its history
+    together = dataset.items(indices, uint8_cameras=True)
+    assert requests == [[0, 1, 2, 3]]
+    for i, item in zip(indices, together):
+        alone = dataset.item(i, uint8_cameras=True)
+        assert all(same(item[key], alone[key]) for key in alone), i
+
+
 @pytest.mark.parametrize("codec", ["av1", "h264_gop2"])
 def test_a_random_query_decodes_only_what_its_frame_needs_and_serves_lerobots_pixels(tmp_path: Path,
                                                                                      codec: str) -> None:

@@ -10,13 +10,15 @@ import itertools
 import pickle
 from pathlib import Path
 
+import numpy as np
+import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lerobot_dataset_factory import write_lerobot_dataset
+from lerobot_dataset_factory import VIDEO_KEY, write_lerobot_dataset
 from lerobot_kit.core.config.flags import parse_train_config
 from lerobot_kit.core.data.build import build_dataset
-from lerobot_kit.core.data.loader import build_loader, collate
+from lerobot_kit.core.data.loader import batch_to_device, build_loader, collate
 from lerobot_kit.core.data.packed import Packed
 from lerobot_kit.core.data.sampler import DataPosition
 from lerobot_kit.core.data.shared_blocks import SLOTS, SharedBlocks, release
@@ -112,3 +114,61 @@ def test_a_loaders_batches_held_by_the_consumer_are_never_overwritten(tmp_path: 
         batches.append(list(itertools.islice(iter(loader), 5 * SLOTS)))
     for alone, with_workers in zip(*batches):
         assert_same(with_workers, alone)
+
+
+def test_a_loaders_block_is_filled_again_once_nothing_views_its_batch(tmp_path: Path) -> None:
+    """Batches are delivered without a copy: their tensors view the worker's block, which goes
+    back to the worker once every tensor of the batch, view of one or NumPy array of one,
+    is gone. A NumPy array of a camera batch, all that is kept of it, is never overwritten;
+    dropped batches' blocks are filled again."""
+    write_lerobot_dataset(tmp_path, [9, 14, 7], video=True)
+    flags = ["--dataset.repo_id=user/x", f"--dataset.root={tmp_path}", "--policy.chunk_size=4",
+             "--policy.n_action_steps=4", "--batch_size=4", "--seed=3"]
+    expected = []
+    config = parse_train_config([*flags, "--num_workers=0"])
+    for batch in itertools.islice(iter(build_loader(build_dataset(config), config, 1, 0, DataPosition(), CPU)), 24):
+        expected.append(batch[VIDEO_KEY].numpy().copy())
+    config = parse_train_config([*flags, "--num_workers=2"])
+    loader = build_loader(build_dataset(config), config, 1, 0, DataPosition(), CPU)
+    kept, addresses = [], []
+    for n, batch in enumerate(itertools.islice(iter(loader), 24)):
+        frames = batch[VIDEO_KEY]
+        addresses.append(frames.data_ptr())
+        if n % 3 == 0:
+            kept.append((n, frames[1:].numpy()))  # a view of a view, as NumPy: the batch itself is dropped
+        del batch, frames
+    loader.close()
+    assert all(np.array_equal(array, expected[n][1:]) for n, array in kept)
+    assert len(set(addresses)) < len(addresses) - len(kept)  # dropped batches' blocks were filled again
+
+
+def test_cameras_leave_the_loader_as_stored_and_become_the_datasets_float_items_on_the_device(
+        tmp_path: Path) -> None:
+    """A quarter of the bytes cross from the workers (and to a GPU): the loader's camera batches
+    are uint8, and ``batch_to_device`` turns them into exactly the float items the dataset serves."""
+    write_lerobot_dataset(tmp_path, [9, 14], image=True, video=True)
+    config = parse_train_config(["--dataset.repo_id=user/x", f"--dataset.root={tmp_path}", "--policy.chunk_size=4",
+                                 "--policy.n_action_steps=4", "--batch_size=4", "--num_workers=2"])
+    dataset = build_dataset(config)
+    cameras = dataset.meta.image_keys()
+    loader = build_loader(dataset, config, 1, 0, DataPosition(), CPU)
+    served = list(itertools.islice(iter(loader), 3))
+    assert len(cameras) == 2 and all(batch[key].dtype == torch.uint8 for batch in served for key in cameras)
+    for batch in served:
+        moved = batch_to_device(batch, CPU, cameras)
+        items = dataset.items(batch["index"].tolist())
+        for key in cameras:
+            assert moved[key].dtype == torch.float32
+            assert torch.equal(moved[key], torch.stack([item[key] for item in items]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_pinned_uint8_batch_becomes_the_same_float_frames_on_the_gpu() -> None:
+    """The copy to the GPU does not block (page-locked source) and the conversion there gives
+    the values the host's conversion gives, bit for bit."""
+    frames = torch.arange(256, dtype=torch.uint8).repeat(2, 3, 4, 1).permute(0, 3, 1, 2).pin_memory()
+    batch = {"camera": frames, "action": torch.randn(2, 3).pin_memory(), "task": ["a", "b"]}
+    on_gpu = batch_to_device(batch, torch.device("cuda"), ["camera"])
+    on_host = batch_to_device(batch, CPU, ["camera"])
+    assert on_gpu["camera"].device.type == "cuda" and on_gpu["task"] == ["a", "b"]
+    assert torch.equal(on_gpu["camera"].cpu(), on_host["camera"])

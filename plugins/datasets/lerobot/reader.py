@@ -60,6 +60,8 @@ from lerobot_kit.plugins.datasets.lerobot.meta import (
 from lerobot_kit.plugins.datasets.lerobot.plugin import LeRobotDatasetConfig
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
 
 
@@ -147,37 +149,40 @@ class LeRobotDataset(PolicyDataset):
             item[key] = value if offsets is not None else value[0]
         item["episode_index"] = torch.tensor(episode.index, dtype=torch.int64)
         item["index"] = torch.tensor(i, dtype=torch.int64)
-        self._add_tasks([item], columns, np.array([i + to_row]), episode.index)
+        self._add_tasks([item], columns, np.array([i + to_row]), np.array([episode.index]))
         return item
 
     def items(self, indices: list[int], *, uint8_cameras: bool = False) -> list[dict[str, torch.Tensor]]:
-        """``[self.item(i) for i in indices]``, with the frames of one episode read together: one
-        gather per numeric column and one pass of the decoder over each camera's frames
-        (the cameras at once, on threads), which block sampling (a run of consecutive
-        frames per request) turns into one sequential decode with no per-item overhead."""
-        frames = [self.windows.check_index(i) for i in indices]
-        by_episode: dict[int, list[int]] = {}
-        for slot, i in enumerate(frames):
-            by_episode.setdefault(self.windows.episode_of(i), []).append(slot)
+        """``[self.item(i) for i in indices]``, with the items of one data file read together: one
+        gather per numeric column, and per camera one pass of the decoder over the frames each
+        video file holds (the cameras at once, on threads). Random sampling's items, one per
+        episode, cost one request per batch instead of one per item; block sampling (a run of
+        consecutive frames per request) turns into one sequential decode."""
+        frames = np.array([self.windows.check_index(i) for i in indices], dtype=np.int64)
+        positions = np.searchsorted(self.windows.starts, frames, side="right") - 1
+        by_file: dict[tuple[int, int], list[int]] = {}
+        for slot, position in enumerate(positions.tolist()):
+            by_file.setdefault(self.episodes[position].data_file, []).append(slot)
         out: list[dict[str, torch.Tensor]] = [{} for _ in frames]
-        for position, slots in by_episode.items():
-            self._episode_items(position, np.array([frames[s] for s in slots]), [out[s] for s in slots], uint8_cameras)
+        for data_file, slots in by_file.items():
+            chosen = np.array(slots)
+            self._file_items(data_file, frames[chosen], positions[chosen], [out[s] for s in slots], uint8_cameras)
         return out
 
-    def _episode_items(
-        self, position: int, frames: np.ndarray, items: list[dict[str, torch.Tensor]], uint8_cameras: bool
+    def _file_items(
+        self, data_file: tuple[int, int], frames: np.ndarray, positions: np.ndarray,
+        items: list[dict[str, torch.Tensor]], uint8_cameras: bool,
     ) -> None:
         import torch
 
-        start, end = self.windows.starts[position], self.windows.starts[position + 1]
-        columns = self.columns(self.episodes[position].data_file)
-        to_row = self._first_row[position] - start  # frame number -> cache row
+        starts, ends = self.windows.starts[positions][:, None], self.windows.starts[positions + 1][:, None]
+        to_row = self._first_row[positions][:, None] - starts  # frame number -> cache row, per item
+        columns = self.columns(data_file)
         wanted = {key: frames[:, None] + np.asarray(self.delta_indices.get(key, [0]))[None, :]
                   for key in self.info.features}
-        rows = {key: np.clip(numbers, start, end - 1) + to_row for key, numbers in wanted.items()}
+        rows = {key: np.clip(numbers, starts, ends - 1) + to_row for key, numbers in wanted.items()}
         cameras = [key for key, source in self.info.features.items() if source.kind != "numeric"]
-        unique = {key: np.unique(rows[key], return_inverse=True) for key in cameras}
-        decoded = read_cameras(lambda key: self.camera_frames(key, position, unique[key][0]), cameras,
+        decoded = read_cameras(lambda key: self._camera_windows(key, positions, rows[key]), cameras,
                                video.KEPT_DECODERS)
         for key, source in self.info.features.items():
             offsets = self.delta_indices.get(key)
@@ -185,28 +190,63 @@ class LeRobotDataset(PolicyDataset):
                 gathered = np.asarray(columns.numeric[key][rows[key].ravel()])
                 values = torch.from_numpy(gathered.reshape(*rows[key].shape, *source.spec.shape))
             else:
-                inverse = unique[key][1].reshape(rows[key].shape)
-                per_item = [channels_first([decoded[key][k] for k in ks]) for ks in inverse]
+                per_item = [channels_first(window) for window in decoded[key]]
                 values = per_item if uint8_cameras else [camera_to_float(v) for v in per_item]
-            pads = torch.from_numpy((wanted[key] < start) | (wanted[key] >= end))
+            pads = torch.from_numpy((wanted[key] < starts) | (wanted[key] >= ends))
             for j, item in enumerate(items):
                 item[key] = values[j] if offsets is not None else values[j][0]
                 if offsets is not None:
                     item[pad_key(key)] = pads[j]
-        episode_index = self.episodes[position].index
+        episode_indices = np.array([self.episodes[p].index for p in positions.tolist()], dtype=np.int64)
         # Views of one tensor each, as the padding flags: a tensor apiece costs more than the rest of a small item.
-        episode_indices = torch.full((len(items),), episode_index, dtype=torch.int64).unbind()
-        indices = torch.from_numpy(frames.astype(np.int64)).unbind()
-        for item, episode_tensor, index in zip(items, episode_indices, indices):
+        for item, episode_tensor, index in zip(items, torch.from_numpy(episode_indices).unbind(),
+                                               torch.from_numpy(frames).unbind()):
             item["episode_index"] = episode_tensor
             item["index"] = index
-        self._add_tasks(items, columns, frames + to_row, episode_index)
+        self._add_tasks(items, columns, frames + to_row[:, 0], episode_indices)
 
-    def _add_tasks(self, items: list[dict[str, Any]], columns: FileColumns, rows: np.ndarray, episode: int) -> None:
-        """Each item's ``task`` text, by its frame's ``task_index``; nothing when the dataset has no tasks."""
+    def _camera_windows(self, key: str, positions: np.ndarray, rows: np.ndarray) -> list[list[np.ndarray]]:
+        """Per item, the uint8 ``[H, W, C]`` frames of camera ``key`` at its cache rows (``rows[j]``,
+        of the ``positions[j]``-th episode), each distinct frame read once: a video file's frames
+        in one request, whichever episodes they belong to; stored images per episode."""
+        video_kind = self.info.features[key].kind == "video"
+        groups: dict[Any, list[int]] = {}
+        for j, position in enumerate(positions.tolist()):
+            episode = self.episodes[position]
+            groups.setdefault(self.info.video_file(key, episode.videos[key]) if video_kind else position, []).append(j)
+        out: list[list[np.ndarray]] = [[] for _ in positions]
+        for group, members in groups.items():
+            unique, inverse = np.unique(rows[members], return_inverse=True)
+            if video_kind:
+                episodes = positions[members][:, None].repeat(rows.shape[1], axis=1).ravel()
+                found = self._video_frames(group, key, unique, episodes[np.unique(inverse, return_index=True)[1]])
+            else:
+                found = self.camera_frames(key, group, unique)
+            for j, ks in zip(members, inverse.reshape(len(members), -1).tolist()):
+                out[j] = [found[k] for k in ks]
+        return out
+
+    def _video_frames(self, path: Path, key: str, rows: np.ndarray, positions: np.ndarray) -> list[np.ndarray]:
+        """The frames of video ``path`` at cache rows ``rows`` (sorted, distinct), the ``positions[k]``-th
+        episode's each."""
+        assert self._videos is not None  # a video feature: checked at construction
+        source = self.info.features[key]
+        data_file = self.episodes[int(positions[0])].data_file
+        timestamps = self.columns(data_file).timestamp
+        assert timestamps is not None  # checked at construction
+        offsets = np.array([self.episodes[p].videos[key].from_timestamp for p in positions.tolist()])
+        times = offsets + timestamps[rows].astype(np.float64)
+        episodes = [self.episodes[p].index for p in positions.tolist()]
+        return self._videos.frames(path, key, episodes, times, source.spec.shape)
+
+    def _add_tasks(
+        self, items: list[dict[str, Any]], columns: FileColumns, rows: np.ndarray, episodes: np.ndarray
+    ) -> None:
+        """Each item's ``task`` text, by its frame's ``task_index``; nothing when the dataset has no
+        tasks. ``episodes``: each item's episode index, for the error."""
         if columns.task_index is None or not self.tasks:
             return
-        for item, task_index in zip(items, columns.task_index[rows].tolist()):
+        for item, task_index, episode in zip(items, columns.task_index[rows].tolist(), episodes.tolist()):
             text = self.tasks.get(int(task_index))
             if text is None:
                 raise LeRobotDatasetError(
@@ -232,7 +272,8 @@ class LeRobotDataset(PolicyDataset):
         assert self._videos is not None and columns.timestamp is not None  # checked at construction
         ref = episode.videos[key]
         times = ref.from_timestamp + columns.timestamp[rows].astype(np.float64)
-        return self._videos.frames(self.info.video_file(key, ref), key, episode.index, times, source.spec.shape)
+        return self._videos.frames(self.info.video_file(key, ref), key, [episode.index] * len(times), times,
+                                   source.spec.shape)
 
 
 def channels_first(frames: list[np.ndarray]) -> torch.Tensor:

@@ -13,8 +13,8 @@ video and the data disagree), never a silent nearest-neighbour guess.
 
 Each process (a DataLoader worker) keeps a bounded pool of open decoders, one per
 file, shared by every dataset it reads (``open_files``): however many datasets a run
-mixes, a process holds at most ``MAX_OPEN_DECODERS`` files open for video (half its
-open-file limit), and decoders of at most ``DECODER_MEMORY`` bytes (estimated from
+mixes, a process holds at most ``MAX_OPEN_DECODERS`` files open for video (three quarters
+of its open-file limit), and decoders of at most ``DECODER_MEMORY`` bytes (estimated from
 their frame size: ``decoder_bytes``). Each file is opened as mp4, LeRobot's container,
 without probing its format first (a sixth of an open's cost). A decoder
 that stopped shortly before the wanted time (closer than a seek has been costing, in
@@ -38,6 +38,7 @@ FFmpeg with AV1 (LeRobot's default codec) and H.264 decoders.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import os
 import threading
@@ -50,14 +51,14 @@ import numpy as np
 
 from lerobot_kit.api import ConfigError
 from lerobot_kit.plugins.datasets.lerobot.files import LeRobotDatasetError
-from lerobot_kit.plugins.datasets.lerobot.open_files import OpenFiles, file_budget
+from lerobot_kit.plugins.datasets.lerobot.open_files import DECODER_SHARE, FileBudget, OpenFiles
 
 VIDEO_EXTRA = "pip install 'lerobot-kit[video]' (or: pip install av)"
 BACKENDS = ("pyav",)
 TOLERANCE_FRAMES = 0.4
 FRAME_FORMATS = {1: "gray", 3: "rgb24"}
-# Files per process, all datasets together: half the open-file limit (512 of the usual 1024).
-MAX_OPEN_DECODERS = file_budget(1 / 2)
+# Files per process, all datasets together: three quarters of the open-file limit (768 of the usual 1024).
+MAX_OPEN_DECODERS = FileBudget(DECODER_SHARE)
 # Estimated memory of the open decoders per process: about 40 of 480×640, 580 of 96×96 (``decoder_bytes``).
 DECODER_MEMORY = 128 << 20
 # The most recently used decoders, never closed to make room: as many as the cameras a
@@ -106,6 +107,9 @@ class _Decoder:
         # Workers decode in parallel, one thread each; more threads only add frame buffers.
         self.stream.codec_context.thread_count = 1
         self.time_base = self.stream.time_base
+        # ``pts * numerator / denominator`` in integers, then one division: the float nearest the
+        # exact time, as ``float(pts * time_base)`` gives it, without Fraction arithmetic per frame.
+        self.tick = (self.time_base.numerator, self.time_base.denominator)
         # Frames lie on whole ticks of the time base, so none is nearer to a time than a frame
         # within half a tick of it, or past it: decoding stops there. (A query's time, the
         # float32 timestamp column plus the episode's offset, often lies a hair past its
@@ -145,7 +149,7 @@ class _Decoder:
             if frame.pts is None:
                 continue
             self.decoded += 1
-            self.position = float(frame.pts * self.time_base)
+            self.position = frame.pts * self.tick[0] / self.tick[1]
             self.seen.append(self.position)
             self.last = (self.position, frame)
             return self.last
@@ -196,8 +200,11 @@ class VideoDecoders:
 
         self.av = av
 
-    def frames(self, path: Path, key: str, episode: int, times: np.ndarray, shape: tuple[int, ...]) -> list[np.ndarray]:
-        """uint8 ``[H, W, C]`` arrays, as converted: the frame of ``path`` nearest to each time.
+    def frames(
+        self, path: Path, key: str, episodes: list[int], times: np.ndarray, shape: tuple[int, ...]
+    ) -> list[np.ndarray]:
+        """uint8 ``[H, W, C]`` arrays, as converted: the frame of ``path`` nearest to each time
+        (``episodes[k]``: the episode ``times[k]`` belongs to, named in errors).
 
         Not copied into one channel-first array: transposing a frame costs a worker about
         as much CPU as decoding it, and a copy more than a tenth of that. The reader views
@@ -206,6 +213,10 @@ class VideoDecoders:
         decoder remembers may be handed out again, so they are never written to.
         """
         wanted = np.unique(times)
+
+        def episode_at(time: float) -> int:
+            return episodes[int(np.argmin(np.abs(times - time)))]
+
         try:
             found: dict[float, np.ndarray] = {}
             for run in self._runs(path, wanted):
@@ -214,26 +225,28 @@ class VideoDecoders:
             raise
         except FileNotFoundError as exc:
             raise LeRobotDatasetError(
-                f"{path}: missing; it holds video {key!r} of episode {episode}. The dataset is incomplete"
+                f"{path}: missing; it holds video {key!r} of episode {episodes[0]}. The dataset is incomplete"
             ) from exc
         except Exception as exc:  # noqa: BLE001 - FFmpeg errors come in many types
             self._forget(path)
             raise LeRobotDatasetError(
-                f"{path}: cannot decode video {key!r} at {wanted[0]:.4f}s (episode {episode}): "
+                f"{path}: cannot decode video {key!r} at {wanted[0]:.4f}s (episode {episode_at(wanted[0])}): "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         for time in wanted:
             if float(time) not in found:
                 raise LeRobotDatasetError(
-                    f"{path}: episode {episode} needs the frame at {time:.4f}s of {key!r} but the video has "
+                    f"{path}: episode {episode_at(time)} needs the frame at {time:.4f}s of {key!r} but the video has "
                     f"{self._nearest_text(path, float(time))}; the video does not match meta/episodes "
                     "(from_timestamp) and the timestamp column"
                 )
-        return [found[float(time)] for time in times]
+        return [found[time] for time in times.tolist()]
 
     def _runs(self, path: Path, wanted: np.ndarray) -> list[np.ndarray]:
         """``wanted`` (sorted) cut where the next time is further ahead than a seek costs: each
         run is decoded forward, and the frames between two runs are skipped by a seek."""
+        if len(wanted) == 1:
+            return [wanted]
         decoder = _OPEN.peek((self._owner, path))
         gap = ((decoder.seek_cost if decoder is not None else 1.0) + 1) / self.fps
         return np.split(wanted, np.flatnonzero(np.diff(wanted) > gap) + 1)
@@ -260,10 +273,11 @@ class VideoDecoders:
         self, decoder: _Decoder, key: str, wanted: np.ndarray, shape: tuple[int, ...]
     ) -> dict[float, np.ndarray]:
         best: dict[float, tuple[float, Any]] = {}  # query -> (time, converted array or decoded frame)
+        queries: list[float] = wanted.tolist()
 
         def offer(time: float, frame: Any) -> None:
-            for j in _within(wanted, time, self.tolerance):
-                query = float(wanted[j])
+            for j in _within(queries, time, self.tolerance):
+                query = queries[j]
                 if query not in best or abs(time - query) < abs(best[query][0] - query):
                     best[query] = (time, frame)
 
@@ -271,7 +285,8 @@ class VideoDecoders:
             offer(time, pixels)
         if decoder.last is not None:
             offer(*decoder.last)
-        while decoder.position < wanted[-1] - decoder.half_tick:
+        last = queries[-1] - decoder.half_tick
+        while decoder.position < last:
             decoded = decoder.next()
             if decoded is None:
                 break
@@ -320,11 +335,11 @@ def decoder_bytes(shape: tuple[int, ...], keep: int) -> int:
     return (128 << 10) + 5 * height * width * 3 // 2 + keep * channels * height * width
 
 
-def _within(sorted_times: np.ndarray, time: float, tolerance: float) -> range:
-    """Indices of the sorted times within ``tolerance`` of ``time``."""
-    lo = int(np.searchsorted(sorted_times, time - tolerance, side="left"))
-    hi = int(np.searchsorted(sorted_times, time + tolerance, side="right"))
-    return range(lo, hi)
+def _within(sorted_times: list[float], time: float, tolerance: float) -> range:
+    """Indices of the sorted times within ``tolerance`` of ``time`` (bisect: a request holds a
+    few times, for which NumPy's calls cost more than the search)."""
+    lo = bisect.bisect_left(sorted_times, time - tolerance)
+    return range(lo, bisect.bisect_right(sorted_times, time + tolerance))
 
 
 class _Converter(threading.local):
