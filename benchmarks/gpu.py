@@ -261,6 +261,7 @@ def step_flops(flags: list[str], work: Path) -> float:
     from torch.utils.flop_counter import FlopCounterMode
 
     from lerobot_kit.core.config.flags import parse_train_config
+    from lerobot_kit.core.data.loader import batch_to_device
     from lerobot_kit.core.distributed.process_group import init_distributed, shutdown
     from lerobot_kit.core.run.prepare import prepare_run
 
@@ -268,7 +269,7 @@ def step_flops(flags: list[str], work: Path) -> float:
     config = parse_train_config([*flags, "--num_workers=0", f"--output_dir={work / 'flops'}"])
     prepared = prepare_run(config, ctx)
     run_ = prepared.run
-    batch = {k: v.to(ctx.device) for k, v in next(iter(prepared.loader)).items()}
+    batch = batch_to_device(next(iter(prepared.loader)), ctx.device, run_.meta.image_keys())
     batch = run_.preprocessor(batch)
     counter = FlopCounterMode(display=False)
     with counter:

@@ -12,7 +12,9 @@ rewritten in place from the result file the first marker names:
 A result file is what ``benchmarks/run.py --json`` or ``benchmarks/gpu.py`` wrote: the
 date, the machine, the versions, the exact command and the raw figures. Figures measured
 before result files were kept are transcribed into files of the same shape with a
-``transcribed_from`` entry saying where they were copied from; their tables say so.
+``transcribed_from`` entry saying where they were copied from; their tables say so: the
+paragraph above says "unverified transcription from <source>", and every row (and a column
+compared from such a file) is marked "unverified transcription".
 
 KIND picks the renderer: ``rows`` (the table ``run.py`` prints; ``only=`` picks
 benchmarks), ``trials`` (``fault_injection``'s trials), ``eval-line`` (the summary line of
@@ -97,12 +99,29 @@ def provenance(data: dict[str, Any], result: Path, page: Path, benchmarks: list[
     command = _without_note(data["command"])
     if "transcribed_from" in data:
         return (f"Run on {date} on {where}; {', '.join(software)}; by `{command}`.{notes} "
-                f"Transcribed into {link} from {data['transcribed_from']}.")
+                f"Kept in {link}; every row below is an {unverified(data)}.")
     loads = [v for name, bench in data.get("benchmarks", {}).items() if benchmarks is None or name in benchmarks
              for v in bench.get("load_average_1min", [])]
     load = f"; load average {_range(loads)} over the run" if loads else ""
     return (f"Measured {date} on {where}{load}; {', '.join(software)}; by `{command}`.{notes} "
             f"Raw figures: {link}.")
+
+
+UNVERIFIED = "unverified transcription"
+
+
+def unverified(data: dict[str, Any]) -> str:
+    """How a transcribed file's figures are labelled wherever they are shown: copied by hand
+    from a page, with no raw output behind them to check them against."""
+    return f"{UNVERIFIED} from {data['transcribed_from']}"
+
+
+def marked_rows(table: str) -> str:
+    """A transcribed file's table with a last column saying so on every row."""
+    cells = {0: " source |", 1: " --- |"}
+    lines = table.split("\n")
+    return "\n".join(line + cells.get(i, f" {UNVERIFIED} |") if line.startswith("|") else line
+                     for i, line in enumerate(lines))
 
 
 def _without_note(command: str) -> str:
@@ -159,7 +178,8 @@ def render_gpu_speed(data: dict[str, Any], spec: Spec) -> str:
     if "compare" in spec.options:
         other = json.loads((REPO / spec.options["compare"]).read_text())
         compare = {(r["setting"], r["batch"]): r for r in other["speed"]}
-        header += f" samples/s in {Path(spec.options['compare']).name} |"
+        label = f" ({UNVERIFIED})" if "transcribed_from" in other else ""
+        header += f" samples/s in {Path(spec.options['compare']).name}{label} |"
     lines = [header, "|" + " --- |" * (header.count("|") - 1)]
     for r in data["speed"]:
         cells = [r["setting"], str(r["batch"]), str(r["workers"])]
@@ -172,6 +192,8 @@ def render_gpu_speed(data: dict[str, Any], spec: Spec) -> str:
             before = compare.get((r["setting"], r["batch"]), {})
             cells.append(f"{before['samples_per_s']:.1f}" if "samples_per_s" in before else "-")
         lines.append("| " + " | ".join(cells) + " |")
+    if compare and "transcribed_from" in other:
+        lines += ["", f"Samples/s in {Path(spec.options['compare']).name}: an {unverified(other)}."]
     return "\n".join(lines)
 
 
@@ -250,7 +272,10 @@ def render_block(spec_text: str, page: Path) -> str:
             raise ValueError(f"unknown figures kind {spec.kind!r}; one of {', '.join(RENDERERS)}")
         data = json.loads(spec.result.read_text())
         only = spec.options["only"].split(",") if "only" in spec.options else None
-        return f"{provenance(data, spec.result, page, only)}\n\n{RENDERERS[spec.kind](data, spec)}\n"
+        table = RENDERERS[spec.kind](data, spec)
+        if "transcribed_from" in data:
+            table = marked_rows(table)
+        return f"{provenance(data, spec.result, page, only)}\n\n{table}\n"
     except (OSError, ValueError, KeyError, TypeError) as exc:
         where = page.relative_to(REPO) if page.is_relative_to(REPO) else page
         raise RenderError(f"{where}: <!-- figures: {spec_text} -->: {type(exc).__name__}: {exc}") from exc

@@ -16,20 +16,19 @@ import pytest
 import torch
 from pydantic import ValidationError
 from lerobot.policies.smolvla.smolvlm_with_expert import SmolVLMWithExpertModel
-from torch._dynamo.utils import counters
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.models.gemma import modeling_gemma
 
 from conftest import PI_SIZES
+from joint_compile import assert_pairs_compile_to, joint_layers
 from lerobot_kit_lerobot import fused_attention, joint
 from lerobot_kit_lerobot.bridge_fields import PiSizes
 from lerobot_kit_lerobot.configuration import CONFIG_CLASSES
 from lerobot_kit_lerobot.fused_attention import additive_mask, gemma_attention, smolvla_attention
 from lerobot_kit_lerobot.modeling import LerobotPI05, LerobotSmolVLA
 from lerobot_kit_lerobot.pi_overrides import modeling_module
-from lerobot_kit_lerobot.vla_loss import flow_matching_loss
 from test_mixture import meta
-from test_vla_joint import batch, install, joint_layers, lerobot_policy
+from test_vla_joint import batch, install, lerobot_policy
 
 KINDS = ["pi0", "pi05", "smolvla"]
 TINY = {"chunk_size": 4, "n_action_steps": 4, "max_state_dim": 8, "max_action_dim": 8, "tokenizer_max_length": 12}
@@ -170,16 +169,7 @@ def test_fused_joint_layers_compile_to_one_graph_for_all_pairs(kind: str, graphs
     one per attention kind), no graph break, the uncompiled loss (dynamo's own tracing)."""
     policy = lerobot_policy(kind, vla_assets)
     install(kind, policy, attention="sdpa")
-    torch.manual_seed(5)
-    eager, _ = flow_matching_loss(policy, batch())
-    torch._dynamo.reset()
-    counters.clear()
-    for layer in joint_layers(kind, policy):
-        setattr(layer, joint.JOINT_METHOD, torch.compile(getattr(layer, joint.JOINT_METHOD), backend="eager"))
-    torch.manual_seed(5)
-    torch.testing.assert_close(flow_matching_loss(policy, batch())[0], eager, rtol=0, atol=0)
-    assert counters["stats"]["unique_graphs"] == graphs, dict(counters["stats"])
-    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert_pairs_compile_to(graphs, kind, policy, batch)
 
 
 def test_the_flag_picks_the_attention_and_may_change_on_resume(vla_assets: Path) -> None:

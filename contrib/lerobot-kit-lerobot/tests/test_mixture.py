@@ -4,15 +4,19 @@ In one process, on LeRobot's classes at reduced sizes: a sample's missing camera
 LeRobot makes of a camera the whole batch lacks, whatever its placeholder holds; each
 sample's loss is LeRobot's ``reduction="none"`` (π0, π0.5, SmolVLA) or the same reduction of
 ACT's and Diffusion's own tensors, and the batch's loss their mean; LeRobot's pipelines
-hand the mixture's keys to the policy. Through the console script: π0.5 under FSDP(2) on
-two robots that differ in cameras and widths, then used by LeRobot alone; ACT on two of
-one layout. Both log each member's samples and loss.
+hand the mixture's keys to the policy. Through the console script, under FSDP(2): π0, π0.5
+and SmolVLA on two robots that differ in cameras and widths, ACT and Diffusion on two
+recordings of one layout under other camera names, fps and tasks; each checkpoint is then
+used by LeRobot alone, and each run logs every member's samples and loss. ACT and Diffusion
+refuse, in one line, a member without a camera or with narrower vectors.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +25,10 @@ import torch
 
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-from conftest import TINY_ACT, run, tiny_pi
+from conftest import TINY_ACT, TINY_DIFFUSION, run, tiny_pi, tiny_smolvla
 from lerobot_dataset_factory import write_lerobot_dataset
-from lerobot_kit.api import MEMBER_KEY, PER_SAMPLE_LOSS, DatasetMeta, FeatureSpec, missing_key
+from lerobot_kit.api import (MEMBER_KEY, PER_SAMPLE_LOSS, ConfigError, DatasetMeta, FeatureSpec, build_dataset,
+                             missing_key, parse_train_config)
 from lerobot_kit_lerobot import camera_masks
 from lerobot_kit_lerobot.vla_loss import flow_matching_loss
 from lerobot_side import act_on, load_with_lerobot
@@ -31,6 +36,9 @@ from mixture_datasets import write_member
 from test_vla_joint import BATCH, TOP, batch, lerobot_policy
 
 WRIST = "observation.images.wrist"
+FRONT = "observation.images.front"
+# The members' task texts (LeRobot's dataset class reads the test writer's as indices).
+TASKS = {"lab/a": "pick the cube", "lab/b": "stack the blocks", "lab/c": "pick the cube", "lab/d": "stack the blocks"}
 
 
 @pytest.mark.parametrize("kind", ["pi0", "pi05", "smolvla"])
@@ -142,30 +150,36 @@ def test_the_pipeline_hands_the_mixtures_keys_to_the_policy(vla_assets: Path) ->
     assert torch.equal(seen[missing_key(WRIST)], raw[missing_key(WRIST)])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def two_robots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A mixture file over two robots: ``lab/a`` with cameras top and wrist, a 4-wide state and
     2-wide action; ``lab/b`` with the wrist camera only, 6 and 3 wide."""
     root = tmp_path_factory.mktemp("two_robots")
-    write_lerobot_dataset(root / "a", [12, 10], image=True, video=True, tasks=("pick the cube",))
+    write_lerobot_dataset(root / "a", [12, 10], image=True, video=True, tasks=(TASKS["lab/a"],))
     write_member(root / "b", [11, 9], camera="wrist", seed=1, state_extra=2, action_extra=1,
-                 tasks=("stack the blocks",))
+                 tasks=(TASKS["lab/b"],))
     return mixture_file(root, ["lab/a", "lab/b"])
 
 
-@pytest.fixture(scope="module")
-def one_layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A mixture file over two recordings of one robot layout (the wrist camera, 4 and 2 wide)."""
-    root = tmp_path_factory.mktemp("one_layout")
-    write_member(root / "c", [12, 10], camera="wrist", seed=2)
-    write_member(root / "d", [14], camera="wrist", seed=3, tasks=("stack the blocks",))
-    return mixture_file(root, ["lab/c", "lab/d"])
+@pytest.fixture(scope="session")
+def renamed_cameras(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A mixture file over two recordings of one robot layout (one camera of one size, a 4-wide
+    state and 2-wide action) that differ in all else: ``lab/c`` films with ``front`` at 10 fps,
+    ``lab/d`` with ``cam_high`` at 15 fps, mapped onto ``front`` by its rename_map, on
+    another task."""
+    root = tmp_path_factory.mktemp("renamed_cameras")
+    write_member(root / "c", [12, 10], camera="front", seed=2, tasks=(TASKS["lab/c"],))
+    write_member(root / "d", [14], camera="cam_high", fps=15, seed=3, tasks=(TASKS["lab/d"],))
+    return mixture_file(root, ["lab/c", "lab/d"], {"lab/d": {"observation.images.cam_high": FRONT}})
 
 
-def mixture_file(root: Path, repo_ids: list[str]) -> Path:
+def mixture_file(root: Path, repo_ids: list[str], rename_maps: dict[str, dict[str, str]] | None = None) -> Path:
     file = root / "mixture.json"
-    file.write_text(json.dumps([{"repo_id": repo_id, "root": str(root / repo_id.split("/")[1])}
-                                for repo_id in repo_ids]))
+    members = [{"repo_id": repo_id, "root": str(root / repo_id.split("/")[1])} for repo_id in repo_ids]
+    for member in members:
+        if member["repo_id"] in (rename_maps or {}):
+            member["rename_map"] = rename_maps[member["repo_id"]]
+    file.write_text(json.dumps(members))
     return file
 
 
@@ -184,51 +198,108 @@ def member_rows(output_dir: Path, names: list[str], batch_size: int) -> list[dic
     return rows
 
 
-def test_pi05_trains_under_fsdp2_on_robots_with_other_cameras_and_widths_and_lerobot_acts(
-    work: Path, two_robots: Path, vla_assets: Path
+def member_observation(member: dict, index: int) -> dict[str, object]:
+    """A member's frame as LeRobot's dataset class reads it, its cameras under the policy's
+    names (the member's rename_map), with its task text: what a robot of that member hands
+    LeRobot's inference path. The text is given by hand: LeRobot reads the test writer's
+    meta/tasks.parquet as task indices."""
+    frame = LeRobotDataset(member["repo_id"], root=member["root"], video_backend="pyav")[index]
+    rename = member.get("rename_map", {})
+    return {**{rename.get(key, key): value for key, value in frame.items() if key.startswith("observation.")},
+            "task": TASKS[member["repo_id"]]}
+
+
+VLAS = ("pi05", "pi0", "smolvla")
+MIXTURE_STEPS = 2
+# ACT and Diffusion at the tests' sizes, Diffusion's crop fitting the members' 16-pixel frames.
+MIXTURE_FLAGS: dict[str, Callable[[Path], list[str]]] = {
+    "pi05": tiny_pi,
+    "pi0": functools.partial(tiny_pi, lerobot_type="pi0"),
+    "smolvla": tiny_smolvla,
+    "act": lambda _: TINY_ACT,
+    "diffusion": lambda _: [*(flag for flag in TINY_DIFFUSION if not flag.startswith("--policy.crop_shape=")),
+                            "--policy.crop_shape=[14,14]"],
+}
+LEROBOT_CLASSES = {"pi05": "PI05Policy", "pi0": "PI0Policy", "smolvla": "SmolVLAPolicy", "act": "ACTPolicy",
+                   "diffusion": "DiffusionPolicy"}
+
+
+@pytest.mark.parametrize("kind", [*VLAS, "act", "diffusion"])
+def test_trains_under_fsdp2_on_a_mixture_and_lerobot_loads_it_and_acts(
+    kind: str, work: Path, two_robots: Path, renamed_cameras: Path, vla_assets: Path
 ) -> None:
-    """``lab/b`` lacks the top camera (masked in its samples) and has wider vectors (``lab/a``'s
-    zero-padded); the checkpoint is LeRobot's π0.5 over the union (both cameras, the widest
-    vectors), which acts on ``lab/b``'s observation through LeRobot's own missing-camera path,
-    and, with the bridge's masks, gives the same actions to it with a flagged placeholder."""
-    out = work / "pi05_mixture_fsdp2"
-    steps = 4
-    result = run(["train", f"--dataset.mixture={two_robots}", "--num_workers=0", *tiny_pi(vla_assets),
-                  "--parallelism.dp_shard=2", "--batch_size=4", f"--steps={steps}", "--log_freq=1",
+    """π0, π0.5 and SmolVLA on two robots: ``lab/b`` lacks the top camera (masked in its
+    samples) and has wider vectors (``lab/a``'s zero-padded); the checkpoint is LeRobot's
+    policy over the union (both cameras, the widest vectors), which acts on ``lab/b``'s
+    observation through LeRobot's own missing-camera path. ACT and Diffusion, which need
+    every camera and one width, on one layout recorded under other camera names, fps and
+    tasks: their checkpoint has the policy's camera name, and acts on ``lab/d``'s
+    observation under it. Every run logs each member's samples and loss."""
+    mixture = two_robots if kind in VLAS else renamed_cameras
+    members = json.loads(mixture.read_text())
+    names = [member["repo_id"] for member in members]
+    out = work / f"{kind}_mixture_fsdp2"
+    result = run(["train", f"--dataset.mixture={mixture}", "--num_workers=0", *MIXTURE_FLAGS[kind](vla_assets),
+                  "--parallelism.dp_shard=2", "--batch_size=4", f"--steps={MIXTURE_STEPS}", "--log_freq=1",
                   "--optimizer.lr=3e-3", f"--output_dir={out}"], work, nproc=2)
     assert "layout fsdp" in result.stderr and "mixture of 2 members" in result.stderr, result.stderr
-    rows = member_rows(out, ["lab/a", "lab/b"], batch_size=8)
-    assert len(rows) == steps
-    assert all(sum(row[f"member/lab/{n}/samples"] for row in rows) > 0 for n in "ab")
+    rows = member_rows(out, names, batch_size=8)
+    assert len(rows) == MIXTURE_STEPS
+    assert all(sum(row[f"member/{name}/samples"] for row in rows) > 0 for name in names)
 
-    pretrained = out / "checkpoints" / f"{steps:06d}" / "pretrained_model"
-    policy, preprocessor, postprocessor = load_with_lerobot(pretrained, "pi05")
-    assert type(policy).__name__ == "PI05Policy"
-    assert list(policy.config.image_features) == [TOP, WRIST]
-    assert policy.config.input_features["observation.state"].shape == (6,)
-    assert policy.config.output_features["action"].shape == (3,)
-    frame = LeRobotDataset("lab/b", root=json.loads(two_robots.read_text())[1]["root"], video_backend="pyav")[3]
-    # The task text by hand: LeRobot reads the test writer's meta/tasks.parquet as task indices.
-    observed = {**{key: value for key, value in frame.items() if key.startswith("observation.")},
-                "task": "stack the blocks"}
-    assert TOP not in observed
-    action = act_on(policy, preprocessor, postprocessor, observed)
-    assert action.shape == (1, 3) and action.isfinite().all()
+    pretrained = out / "checkpoints" / f"{MIXTURE_STEPS:06d}" / "pretrained_model"
+    policy, preprocessor, postprocessor = load_with_lerobot(pretrained, kind)
+    assert type(policy).__name__ == LEROBOT_CLASSES[kind]
+    cameras, state, action = ([TOP, WRIST], 6, 3) if kind in VLAS else ([FRONT], 4, 2)
+    assert list(policy.config.image_features) == cameras
+    assert policy.config.input_features["observation.state"].shape == (state,)
+    assert policy.config.output_features["action"].shape == (action,)
+    observed = member_observation(members[1], 3)
+    assert set(cameras) - set(observed) == ({TOP} if kind in VLAS else set())
+    acted = act_on(policy, preprocessor, postprocessor, observed)
+    assert acted.shape == (1, action) and acted.isfinite().all()
+    if kind in VLAS:
+        assert_masked_placeholder_is_lerobots_missing_camera(policy, preprocessor, observed)
 
+
+def assert_masked_placeholder_is_lerobots_missing_camera(policy: torch.nn.Module, preprocessor: Callable,
+                                                         observed: dict) -> None:
+    """With the bridge's masks, LeRobot's VLA gives an observation whose top camera is a
+    flagged placeholder (noise here) the actions it gives without that camera; without the
+    masks the noise would be a camera image."""
     flagged = {**observed, TOP: torch.rand(3, *observed[WRIST].shape[-2:]), missing_key(TOP): torch.tensor(True)}
     chunks = []
-    for masks in (False, False, True):  # LeRobot's path without the camera, then with the placeholder
+    for masks, raw in ((False, observed), (False, flagged), (True, flagged)):
         if masks:
             camera_masks.install(policy)
         torch.manual_seed(0)
-        chunks.append(policy.predict_action_chunk(preprocessor(flagged if len(chunks) else observed)))
+        with torch.no_grad():
+            chunks.append(policy.predict_action_chunk(preprocessor(raw)))
     lerobots, unmasked, masked = chunks
-    assert not torch.allclose(unmasked, lerobots, rtol=1e-3)  # unmasked, the noise is a camera image
+    assert not torch.allclose(unmasked, lerobots, rtol=1e-3)
     torch.testing.assert_close(masked, lerobots, rtol=1e-5, atol=1e-6)
 
 
-def test_act_trains_on_a_mixture_of_one_layout_and_logs_each_members_loss(work: Path, one_layout: Path) -> None:
-    out = work / "act_mixture"
-    run(["train", f"--dataset.mixture={one_layout}", "--num_workers=0", *TINY_ACT, "--batch_size=6", "--steps=2",
-         "--log_freq=1", "--save_checkpoint=false", f"--output_dir={out}"], work)
-    assert len(member_rows(out, ["lab/c", "lab/d"], batch_size=6)) == 2
+@pytest.mark.parametrize("kind", ["act", "diffusion"])
+def test_act_and_diffusion_refuse_a_member_without_a_camera_or_with_narrower_vectors(
+    kind: str, two_robots: Path, renamed_cameras: Path
+) -> None:
+    """The bridge's ACT and Diffusion declare neither missing cameras nor padding: the mixture
+    is refused before anything is built, in one line naming the member."""
+    def refusal(*members: dict) -> str:
+        config = parse_train_config([f"--policy.type=lerobot_{kind}", f"--dataset.mixture={json.dumps(members)}"])
+        with pytest.raises(ConfigError) as refused:
+            build_dataset(config)
+        return str(refused.value)
+
+    a, b = json.loads(two_robots.read_text())
+    c = json.loads(renamed_cameras.read_text())[0]
+    assert refusal(a, b) == (
+        "mixture member lab/b has no camera 'observation.images.top', which other members have, and "
+        f"policy.type=lerobot_{kind} needs every camera in every sample: map one of its cameras onto it with "
+        '"rename_map", leave the camera out of the other members, or train a policy that accepts missing cameras '
+        "(lerobot_pi0, lerobot_pi05, lerobot_smolvla)")
+    assert refusal(b, {**c, "rename_map": {FRONT: WRIST}}) == (
+        "mixture members differ in the width of 'observation.state' (lab/b: 6, lab/c: 4), and "
+        f"policy.type=lerobot_{kind} does not pad vectors: mix datasets of one robot layout, or train a policy that "
+        "pads them (lerobot_pi0, lerobot_pi05, lerobot_smolvla)")

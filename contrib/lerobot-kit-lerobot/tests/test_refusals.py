@@ -1,10 +1,13 @@
 """Folders and settings LeRobot cannot use are the user's input: one line naming the flag
 (a ``ConfigError``, exit 2), never a prompt, never the folder's own code, never "plugin …
 failed". Checked in this process on the bridge's own build path (the policy factory and
-the processor factory a run calls), and once through the console script on a terminal."""
+the processor factory a run calls), through the console script on a terminal, and, where
+the refusal must come before anything reads a folder (a named pipe in it), through the
+console script under a time limit."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import pty
@@ -18,6 +21,7 @@ import pytest
 
 from conftest import BIN, REPO_ID, TINY_ACT, env, tiny_pi, tiny_smolvla
 from lerobot_kit.api import ConfigError, build_dataset, build_policy, parse_train_config
+from lerobot_kit_lerobot.files_digest import DIGEST_KEY
 from lerobot_kit_lerobot.modeling import LerobotPI05
 
 MARKER_CODE = """import pathlib
@@ -182,3 +186,87 @@ def test_act_with_lerobots_default_backbone_weights_offline_is_one_line(
                          f"https://download.pytorch.org/models/resnet18-f37072fd.pth) at {cached} (torch.hub's cache, "
                          "where a run with the network keeps it), or start the backbone from random weights with "
                          "--policy.pretrained_backbone_weights=null"), line
+
+
+CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, PR_CAPBSET_DROP = 1, 2, 24
+
+
+def _without_file_capabilities() -> None:
+    """As root, drop the capabilities that let root read a file its mode denies (so the mode
+    denies root as it denies any user); an ordinary user needs nothing dropped."""
+    if os.geteuid() != 0:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    for capability in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):
+        if libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+# How each entry is put in place of a file of the folder, and what the refusal calls it.
+NOT_A_FILE = {
+    "fifo": (os.mkfifo, "is a named pipe, not a file"),
+    "dangling_link": (lambda path: path.symlink_to(path.parent / "moved_away.json"), "is a link to nothing ("),
+    "folder": (os.mkdir, "is a folder where transformers reads a file"),
+    "unreadable": (lambda path: path.chmod(0), "cannot be read (Permission denied, errno EACCES)"),
+}
+
+
+@pytest.mark.parametrize(("flag", "assets", "file", "kind"), [
+    ("tokenizer_name", "tokenizer", "tokenizer_config.json", "fifo"),
+    ("vlm_model_name", "smolvlm", "config.json", "fifo"),
+    ("tokenizer_name", "tokenizer", "additional_chat_templates/tool_use.jinja", "fifo"),
+    ("tokenizer_name", "tokenizer", "tokenizer.json", "dangling_link"),
+    ("tokenizer_name", "tokenizer", "tokenizer_config.json", "folder"),
+    ("vlm_model_name", "smolvlm", "processor_config.json", "unreadable"),
+])
+def test_a_files_folder_entry_that_is_not_a_readable_file_is_one_line_at_once(
+    tmp_path: Path, dataset_root: Path, vla_assets: Path, flag: str, assets: str, file: str, kind: str
+) -> None:
+    """transformers takes a named pipe, a link to nothing or a folder for a missing file (a
+    tokenizer without its settings then failed the first batch as an internal error), and a
+    reader opening the pipe blocks for ever: the folder is refused when the flags are checked,
+    before anything reads it, in one line naming the entry (exit 2), within the 10 s the
+    console script is given."""
+    folder = shutil.copytree(vla_assets / assets, tmp_path / assets)
+    put, said = NOT_A_FILE[kind]
+    if kind != "unreadable":  # the file itself stays, its mode denying every reader
+        (folder / file).unlink(missing_ok=True)
+        (folder / file).parent.mkdir(exist_ok=True)
+    put(folder / file)
+    flags = {"tokenizer_name": tiny_pi, "vlm_model_name": tiny_smolvla}[flag](vla_assets)
+    flags = [f"--policy.{flag}={folder}" if f.startswith(f"--policy.{flag}=") else f for f in flags]
+    result = subprocess.run(
+        [str(BIN / "lerobot"), "train", *data(dataset_root), *flags, f"--output_dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, cwd=tmp_path, env=env(tmp_path), timeout=10,
+        preexec_fn=_without_file_capabilities if kind == "unreadable" else None,
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"error: --policy: Value error, --policy.{flag}={folder}: {folder / file} {said}"), lines
+    assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("flag", "unknown"), [("--policy.files_digest=x", "--policy.files_digest"),
+                                             (f"--policy.{DIGEST_KEY}=x", "--policy.recorded")])
+def test_the_recorded_folder_digest_is_no_flag(tmp_path: Path, dataset_root: Path, vla_assets: Path,
+                                               flag: str, unknown: str) -> None:
+    """The digest a run records of its tokenizer folder is the run's record: a flag naming it is
+    refused in one line (exit 2), never silently dropped."""
+    command = [str(BIN / "lerobot"), "train", *data(dataset_root), *tiny_pi(vla_assets), flag,
+               f"--output_dir={tmp_path / 'run'}"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env(tmp_path), timeout=60)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"error: {unknown}: unknown flag"), lines
+
+
+def test_a_recorded_config_with_its_folder_digest_reads_back(tmp_path: Path, dataset_root: Path,
+                                                             vla_assets: Path) -> None:
+    """What ``--config_path=<step>/pretrained_model/train_config.json`` reads: the digest the run
+    recorded is dropped there, and the folder is digested again as it is now."""
+    config = parse_train_config([*data(dataset_root), *tiny_pi(vla_assets)])
+    recorded = config.model_dump(mode="json")
+    assert recorded["policy"][DIGEST_KEY].startswith("sha256:")
+    (tmp_path / "train_config.json").write_text(json.dumps(recorded))
+    again = parse_train_config([f"--config_path={tmp_path / 'train_config.json'}"])
+    assert again.model_dump(mode="json")["policy"] == recorded["policy"]

@@ -11,9 +11,9 @@ import pytest
 import torch
 from lerobot.configs.types import FeatureType, PolicyFeature
 from lerobot.policies.factory import get_policy_class, make_policy_config
-from torch._dynamo.utils import counters
 
 from conftest import PI_SIZES
+from joint_compile import assert_pairs_compile_to
 from lerobot_kit_lerobot import joint
 from lerobot_kit_lerobot.bridge_fields import PiSizes
 from lerobot_kit_lerobot.flow_noise import PerSampleDraws
@@ -230,24 +230,7 @@ def test_a_dataset_the_vla_would_fail_on_in_its_first_step_is_refused(kind: str)
 def test_joint_layers_compile_to_one_graph_for_all_pairs(kind: str, graphs: int, vla_assets: Path) -> None:
     """What ``--accelerator.compile=true`` compiles of these policies is each pair's method; it
     reads nothing that differs from pair to pair, so all pairs share a graph (SmolVLA: one
-    for its self-attention layers, one for its cross-attention layers) instead of compiling
-    once per layer, past torch's recompile limit at LeRobot's depths. Dynamo's own tracing
-    (backend "eager") is what decides this; inductor's kernels are the real runs' concern."""
+    for its self-attention layers, one for its cross-attention layers)."""
     policy = lerobot_policy(kind, vla_assets)
     install(kind, policy)
-    torch.manual_seed(5)  # the same noise and time draws for both losses
-    eager, _ = flow_matching_loss(policy, batch())
-    torch._dynamo.reset()
-    counters.clear()
-    for layer in joint_layers(kind, policy):
-        setattr(layer, joint.JOINT_METHOD, torch.compile(getattr(layer, joint.JOINT_METHOD), backend="eager"))
-    torch.manual_seed(5)
-    torch.testing.assert_close(flow_matching_loss(policy, batch())[0], eager, rtol=0, atol=0)
-    assert counters["stats"]["unique_graphs"] == graphs, dict(counters["stats"])
-    assert not counters["graph_break"], dict(counters["graph_break"])
-
-
-def joint_layers(kind: str, policy: torch.nn.Module) -> list[torch.nn.Module]:
-    if kind == "smolvla":
-        return list(policy.model.vlm_with_expert.get_vlm_model().text_model.layers)
-    return list(policy.model.paligemma_with_expert.paligemma.model.language_model.layers)
+    assert_pairs_compile_to(graphs, kind, policy, batch)

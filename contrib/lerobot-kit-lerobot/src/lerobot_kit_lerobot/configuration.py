@@ -30,6 +30,7 @@ from pydantic import Field, PrivateAttr, SerializerFunctionWrapHandler, create_m
 from lerobot_kit.api import PolicyConfig
 from lerobot_kit_lerobot.bridge_fields import EXTRA_FIELDS
 from lerobot_kit_lerobot.files_digest import DIGEST_KEY, FILES_FLAG, folder_digest, resume_views
+from lerobot_kit_lerobot.folder_files import folder_files_problem
 from lerobot_kit_lerobot.policies import registered_name
 
 SCHEMAS: dict[str, Any] = json.loads(files("lerobot_kit_lerobot").joinpath("schemas.json").read_text())
@@ -101,7 +102,15 @@ class LerobotPolicyConfig(PolicyConfig):
 
     @model_validator(mode="after")
     def _digest_files(self) -> LerobotPolicyConfig:
-        self._files_digest = folder_digest(getattr(self, self.files_flag)) if self.files_flag else None
+        """The folder is checked before anything reads it: transformers takes a named pipe or a
+        link to nothing for a missing file, and a reader that opens one blocks (``folder_files``)."""
+        if not self.files_flag:
+            return self
+        name = getattr(self, self.files_flag)
+        problem = folder_files_problem(name)
+        if problem:
+            raise ValueError(f"--policy.{self.files_flag}={name}: {problem}")
+        self._files_digest = folder_digest(name)
         return self
 
     @model_serializer(mode="wrap")

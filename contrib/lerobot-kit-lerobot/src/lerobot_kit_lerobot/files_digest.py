@@ -9,6 +9,10 @@ what the folder held when the run's config was validated (``files_digest``), and
 compares the digests: a folder that moved is taken from the flag, one whose files
 changed is refused in one line naming the flag.
 
+The digest is the run's record, never the user's input: its key holds a dot, which no flag
+can produce (``--policy.a.b`` is the field ``b`` of a section ``a``), so a flag of that
+name is an unknown flag, and the key is dropped only where a recorded config is read back.
+
 The digest covers every file at the folder's top level (names and contents) but weights:
 a resume restores every weight from the checkpoint, so a VLM folder's pretrained weights
 (``--policy.load_vlm_weights=true``) matter only to a run's start, and hashing gigabytes
@@ -23,9 +27,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from lerobot_kit.api import NotRegularFile, open_regular
+
 # LeRobot type -> the flag naming the folder of files LeRobot loads for it.
 FILES_FLAG = {"pi0": "tokenizer_name", "pi05": "tokenizer_name", "smolvla": "vlm_model_name"}
-DIGEST_KEY = "files_digest"
+DIGEST_KEY = "recorded.files_digest"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf", ".npz")
 
 
@@ -39,8 +45,8 @@ def folder_digest(name: str) -> str | None:
         files = sorted(path for path in folder.iterdir() if _hashed(path))
         signature = tuple((path.name, path.stat().st_size, path.stat().st_mtime_ns) for path in files)
         return _digest(str(folder.resolve()), signature)
-    except OSError:
-        return None  # the run's own loading names an unreadable folder
+    except (OSError, NotRegularFile):
+        return None  # replaced since the folder's check (``folder_files``), which names it on the next start
 
 
 def _hashed(path: Path) -> bool:
@@ -53,7 +59,7 @@ def _digest(folder: str, signature: tuple[tuple[str, int, int], ...]) -> str:
     total = hashlib.sha256()
     for name, _, _ in signature:
         content = hashlib.sha256()
-        with open(Path(folder) / name, "rb") as file:
+        with open_regular(Path(folder) / name) as file:
             for block in iter(lambda: file.read(1 << 20), b""):
                 content.update(block)
         total.update(f"{name}\0{content.hexdigest()}\n".encode())

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lerobot_kit.api import ConfigError
+from lerobot_kit.api import ConfigError, NotRegularFile, open_regular
 from lerobot_kit_lerobot.pi_overrides import replaced
 
 # transformers' loaders that decide on remote code, each with its own import of the decision.
@@ -49,9 +49,10 @@ def configs_asking_for_code(folder: Path) -> dict[str, Any]:
     asking: dict[str, Any] = {}
     for file in sorted(folder.glob("*config.json")) if folder.is_dir() else []:
         try:
-            content = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            continue  # transformers' own loading names an unreadable file
+            with open_regular(file) as opened:  # a named pipe there would block a plain open
+                content = json.loads(opened.read().decode("utf-8"))
+        except (OSError, NotRegularFile, UnicodeDecodeError, json.JSONDecodeError):
+            continue  # the folder's check (``folder_files``) names a file that cannot be read
         if isinstance(content, dict) and content.get("auto_map"):
             asking[file.name] = content["auto_map"]
     return asking
