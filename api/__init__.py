@@ -13,6 +13,11 @@ Stable:
 * configs: ``TrainConfig``, ``PolicyConfig``, ``DatasetConfig``, ``parse_train_config``; for a
   plugin's own JSON-valued flags, ``decode_json`` and ``read_json_file`` (finite numbers, bounded
   depth and size, no FIFO or device read), which raise ``UnusableJson`` with a one-phrase reason;
+  for a plugin's own JSON files (a dataset's metadata), ``read_json(path, fix, error=...)``, the
+  value or one line of the plugin's error naming the file, the problem and the fix; for any
+  other file a plugin hands a library, ``open_regular(path)``, which opens a regular file only
+  and raises ``NotRegularFile`` (its ``kind``: "a named pipe", ...) without blocking on a pipe;
+  ``byte_size``, a byte count as lerobot-kit's messages write it (``12.34 MiB``);
 * training: ``train(config)``, what ``lerobot train`` runs — in a process group the caller
   initialised it joins that group and leaves it initialised, so a notebook or a sweep can
   run many configs in the same processes;
@@ -93,7 +98,10 @@ from lerobot_kit.core.data.windows import ALL_CAMERAS, ALL_OBSERVATIONS, Episode
 from lerobot_kit.core.distributed.launcher import DEFAULT_MASTER_PORT, LaunchEnv, Launcher, env_int
 from lerobot_kit.core.errors import CheckpointError, ConfigError, LerobotError, PluginError
 from lerobot_kit.core.eval.env import Info, Observation, VectorEnv
+from lerobot_kit.core.layout.byte_size import byte_size
+from lerobot_kit.core.layout.json_file import read_json
 from lerobot_kit.core.layout.paths import ADAPTER_WEIGHTS, DCP_MODEL_DIR, MODEL_WEIGHTS
+from lerobot_kit.core.layout.regular_file import NotRegularFile, open_regular
 from lerobot_kit.core.offline.weight_shapes import WeightShapes
 from lerobot_kit.core.registry.hookspecs import hookimpl
 
@@ -174,6 +182,7 @@ __all__ = [
     "MixtureMember",
     "LerobotError",
     "ModelWeights",
+    "NotRegularFile",
     "Observation",
     "PixelStats",
     "PluginError",
@@ -188,6 +197,7 @@ __all__ = [
     "WeightShapes",
     "build_dataset",
     "build_policy",
+    "byte_size",
     "camera_to_float",
     "compute_stats",
     "decode_json",
@@ -205,8 +215,10 @@ __all__ = [
     "merge_adapter",
     "missing_key",
     "model_weights",
+    "open_regular",
     "pad_key",
     "parse_train_config",
+    "read_json",
     "read_json_file",
     "read_safetensors",
     "train",

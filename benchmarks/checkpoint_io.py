@@ -87,7 +87,8 @@ def _retarget(run: Any, output_dir: Path, **config_changes: Any) -> None:
 def _worker(outdir: Path, spec: dict[str, Any]) -> None:
     import torch.distributed as dist
 
-    from lerobot_kit.core.checkpoint.save_restore import checkpoint_format, restore_checkpoint, save_checkpoint
+    from lerobot_kit.core.checkpoint.save_restore import restore_checkpoint, save_checkpoint
+    from lerobot_kit.core.checkpoint.stores import checkpoint_format
     from lerobot_kit.core.checkpoint.saver import CheckpointSaver, SaveSettings
     from lerobot_kit.core.config.flags import parse_train_config
     from lerobot_kit.core.distributed.process_group import init_distributed, shutdown
@@ -123,7 +124,7 @@ def _worker(outdir: Path, spec: dict[str, Any]) -> None:
             step += 1
             _retarget(run, outdir / fmt, checkpoint_format=fmt)
             previous = paths.last_checkpoint(run.output_dir)
-            saves[fmt].append(timed(lambda: save_checkpoint(run.checkpoint_state, step, prepared.position)))
+            saves[fmt].append(timed(lambda: save_checkpoint(run.checkpoint_state, step)))
             if ctx.is_main:
                 if previous is not None:
                     shutil.rmtree(previous)  # keep the disk to one checkpoint per format
@@ -162,7 +163,7 @@ def _worker(outdir: Path, spec: dict[str, Any]) -> None:
                 _retarget(run, outdir / f"async_{fmt}", checkpoint_format=fmt)
                 saver.state = run.checkpoint_state
                 previous = paths.last_checkpoint(run.output_dir)
-                blocked[fmt].append(timed(lambda: saver.save(step, prepared.position)))
+                blocked[fmt].append(timed(lambda: saver.save(step)))
                 published[fmt].append(blocked[fmt][-1] + timed(saver.wait))
                 if ctx.is_main and previous is not None:
                     shutil.rmtree(previous)

@@ -15,6 +15,7 @@ import click
 
 from lerobot_kit.cli.errors import command_errors
 from lerobot_kit.core.errors import ConfigError
+from lerobot_kit.core.layout.byte_size import byte_size
 
 
 def _bool_option(name: str, help_text: str):  # type: ignore[no-untyped-def]
@@ -31,7 +32,7 @@ class _TtyProgress:
         self.drawn = False
 
     def __call__(self, phase: str, done: int, total: int) -> None:
-        click.echo(f"\r{phase}: {100 * done // max(total, 1):3d}% of {total / 1e6:.1f} MB", nl=False, err=True)
+        click.echo(f"\r{phase}: {100 * done // max(total, 1):3d}% of {byte_size(total)}", nl=False, err=True)
         self.drawn = True
 
     def end(self) -> None:

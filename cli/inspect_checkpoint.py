@@ -19,6 +19,7 @@ from lerobot_kit.core.errors import (
     CheckpointError,
     ConfigError,
 )
+from lerobot_kit.core.layout.byte_size import byte_size
 from lerobot_kit.core.layout.hub_snapshot import local_policy_path
 from lerobot_kit.core.layout.paths import DamagedLastError
 from lerobot_kit.core.offline.inspect import DEFAULT_VERIFY_MAX_BYTES, CheckpointReport, FileInfo, inspect_checkpoint
@@ -113,6 +114,8 @@ def render(report: CheckpointReport) -> str:
             f"data position: epoch {sampler.get('epoch', '?')}, offset {sampler.get('offset', '?')}, "
             f"{sampler.get('samples_seen', '?')} samples seen"
         )
+    if report.state:
+        lines.append("training state: " + ", ".join(f"{p.name} ({', '.join(p.held_in)})" for p in report.state))
     previous_had_tensors = True
     for info in report.files:
         if info.tensors is not None or previous_had_tensors:
@@ -120,7 +123,7 @@ def render(report: CheckpointReport) -> str:
         lines.extend(_render_file(info))
         previous_had_tensors = info.tensors is not None
     lines.append("")
-    lines.append(f"size on disk: {_size(report.size_on_disk)}")
+    lines.append(f"size on disk: {byte_size(report.size_on_disk)}")
     lines.append(f"checksums: {report.checksums.state} ({report.checksums.why})")
     lines.append(f"resumable: {_verdict(report.resumable.ok, report.resumable.why)}")
     lines.append(f"loadable with --policy.path: {_verdict(report.loadable.ok, report.loadable.why)}")
@@ -158,7 +161,7 @@ def _render_dataset(dataset: dict | None) -> list[str]:
 
 
 def _render_file(info: FileInfo) -> list[str]:
-    head = f"{info.path}{'/' if info.kind == 'dcp' else ''}  ({_size(info.size)})"
+    head = f"{info.path}{'/' if info.kind == 'dcp' else ''}  ({byte_size(info.size)})"
     if info.tensors is None:
         return [head]
     lines = [head]
@@ -169,7 +172,7 @@ def _render_file(info: FileInfo) -> list[str]:
     params = sum(t.numel for t in info.tensors)
     data = sum(t.nbytes for t in info.tensors)
     count = len(info.tensors)
-    lines.append(f"  {count} tensor{'s' if count != 1 else ''}, {params:,} params, {_size(data)}")
+    lines.append(f"  {count} tensor{'s' if count != 1 else ''}, {params:,} params, {byte_size(data)}")
     return lines
 
 
@@ -179,11 +182,3 @@ def _verdict(ok: bool | None, why: str) -> str:
 
 def _or_unknown(value: object) -> str:
     return "unknown" if value is None else str(value)
-
-
-def _size(n: int) -> str:
-    units = ("B", "KiB", "MiB", "GiB", "TiB")
-    value, i = float(n), 0
-    while value >= 1024 and i < len(units) - 1:
-        value, i = value / 1024, i + 1
-    return f"{n} B" if i == 0 else f"{value:.1f} {units[i]}"

@@ -19,6 +19,7 @@ import click
 
 from lerobot_kit.cli.errors import command_errors
 from lerobot_kit.core.errors import ConfigError
+from lerobot_kit.core.layout.byte_size import byte_size
 
 if TYPE_CHECKING:
     from lerobot_kit.core.plan.activation_plan import ActivationPlan
@@ -129,13 +130,6 @@ def _cut(value: str, limit: int = 40) -> str:
     return value if len(value) <= limit else f"{value[:limit]}... ({len(value)} characters)"
 
 
-def human_bytes(n: int) -> str:
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
-
-
 def human_flops(n: int) -> str:
     for unit, size in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
         if n >= size:
@@ -193,7 +187,7 @@ def _memory_lines(plan: ShardingPlan) -> list[str]:
         columns.append(("ddp", plan.ddp_per_rank))
     rows = [("per rank", *(name for name, _ in columns))]
     for label, field in _BYTE_ROWS:
-        rows.append((label, *(human_bytes(getattr(bytes_, field)) for _, bytes_ in columns)))
+        rows.append((label, *(byte_size(getattr(bytes_, field)) for _, bytes_ in columns)))
     lines = ["  " + f"{row[0]:<12}" + "".join(f" {cell:>12}" for cell in row[1:]) for row in rows]
     if plan.dims.sharded and plan.ddp_per_rank.total_bytes:
         ratio = plan.per_rank.total_bytes / plan.ddp_per_rank.total_bytes
@@ -224,8 +218,8 @@ def _activation_lines(acts: ActivationPlan, device_bytes: int, gib: float | None
         for label, peak, units, chosen in rows:
             assert peak is not None  # traced
             flags = "  ← as the flags set" if chosen else ""
-            lines.append(f"  {label:<33} {human_bytes(peak):>12}  (with the rows above "
-                         f"{human_bytes(device_bytes + peak)}{units}){flags}")
+            lines.append(f"  {label:<33} {byte_size(peak):>12}  (with the rows above "
+                         f"{byte_size(device_bytes + peak)}{units}){flags}")
         if acts.no_checkpointing is not None:
             lines.append(f"  with activation checkpointing: {acts.no_checkpointing}")
     lines.append(f"  counted: {COUNTED}; traced on fake tensors with CPU kernels, without torch.compile")
@@ -244,12 +238,12 @@ def _fit_line(acts: ActivationPlan, gib: float) -> str:
     if fit is None:
         return f"largest --batch_size in {gib:g} GiB per rank: unknown, the step was not traced"
     if fit.largest is None:
-        return (f"does not fit in {gib:g} GiB per rank: --batch_size=1 needs {human_bytes(fit.needs(1))} "
-                f"(parameters, gradients and AdamW state {human_bytes(fit.fixed_bytes)} + activations "
-                f"{human_bytes(fit.traced[1])}, {how})")
+        return (f"does not fit in {gib:g} GiB per rank: --batch_size=1 needs {byte_size(fit.needs(1))} "
+                f"(parameters, gradients and AdamW state {byte_size(fit.fixed_bytes)} + activations "
+                f"{byte_size(fit.traced[1])}, {how})")
     following = fit.largest + 1
     return (f"largest --batch_size in {gib:g} GiB per rank ({how}): {fit.largest}, needing "
-            f"{human_bytes(fit.needs(fit.largest))}; {following} needs {human_bytes(fit.needs(following))} "
+            f"{byte_size(fit.needs(fit.largest))}; {following} needs {byte_size(fit.needs(following))} "
             "(both traced)")
 
 
@@ -269,7 +263,7 @@ def format_plan(run_plan: RunPlan, device_memory_gb: float | None = None) -> lis
     if plan.largest_gather_bytes is not None:
         where = repr(plan.largest_gather_unit) if plan.largest_gather_unit else "the root"
         lines.append(
-            f"largest all-gather: {human_bytes(plan.largest_gather_bytes)} ({where} in full, {plan.gather_dtype}), "
+            f"largest all-gather: {byte_size(plan.largest_gather_bytes)} ({where} in full, {plan.gather_dtype}), "
             "held transiently while that unit computes"
         )
     if plan.cpu_offload:

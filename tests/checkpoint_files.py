@@ -1,10 +1,13 @@
 """Synthetic checkpoints of layout 1, written as the trainer writes them, in a fraction of a second.
 
 Real safetensors files and real DCP folders from ``torch.distributed.checkpoint``, a real
-optimizer state after one AdamW step, every rank's random state as ``capture_rng`` takes
-it, the processors' files, and ``checksums.json``; tests then damage one thing. The
+optimizer state after one AdamW step written by the trainer's own function, every rank's
+random state as ``capture_rng`` takes it, the processors' files, the record as the
+trainer's ``RunFacts`` builds it, and ``checksums.json``; tests then damage one thing. The
 policy type is one no plugin declares shapes for, so the weights are loadable by the
-manifest tying them to ``config.json``.
+manifest tying them to ``config.json``. What the trainer itself writes for the same state
+is compared with these files, name for name and field for field, in
+``tests/integration/test_state_pieces.py``.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
-from lerobot_kit.core.checkpoint.training_state import capture_rng, save_rng
+from lerobot_kit.core.checkpoint.state import RunFacts
+from lerobot_kit.core.checkpoint.training_state import capture_rng, save_full_optimizer, save_per_rank
 from lerobot_kit.core.layout import paths as L
+from lerobot_kit.core.layout.training_step import Topology
 from lerobot_kit.core.layout.manifest import write_manifest
 
 STEP = 500
@@ -31,8 +36,10 @@ def toy_model(seed: int = 0, hidden: int = 3) -> torch.nn.Module:
 
 
 def trained(model: torch.nn.Module) -> torch.optim.Optimizer:
-    """One AdamW step, so the optimizer has the state a real checkpoint holds."""
+    """One AdamW step under an LR schedule, so the optimizer has the state (and the param groups
+    their ``initial_lr``) a real checkpoint holds."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
     model(torch.randn(5, 4)).sum().backward()
     opt.step()
     return opt
@@ -46,12 +53,6 @@ def optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, keys: st
     names = [n for n, _ in model.named_parameters()]
     groups = [{**g, "params": [names[i] for i in g["params"]]} for g in osd["param_groups"]]
     return {"state": {names[i]: s for i, s in osd["state"].items()}, "param_groups": groups}
-
-
-def save_optimizer_safetensors(state: dict[str, Any], directory: Path) -> None:
-    tensors = {f"state.{param}.{k}": v for param, s in state["state"].items() for k, v in s.items()}
-    save_file(tensors, directory / L.OPTIMIZER_STATE)
-    write_json(directory / L.OPTIMIZER_PARAM_GROUPS, state["param_groups"])
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -104,38 +105,22 @@ def write_checkpoint(
 
     optimizer_sd = optimizer_state(model, opt, optimizer_keys)
     if optimizer == "safetensors":
-        save_optimizer_safetensors(optimizer_sd, state)
+        save_full_optimizer(optimizer_sd, state)
     else:
         dcp.save(optimizer_sd, checkpoint_id=state / L.DCP_OPTIMIZER_DIR, no_dist=True)
     world = 2
-    save_rng([capture_rng() for _ in range(world)], state)
+    save_per_rank([capture_rng() for _ in range(world)], state / L.RNG_STATE)
     write_json(state / L.SCHEDULER_STATE, {"last_epoch": step, "base_lrs": [1e-3]})
     if mixed_precision == "fp16":
         write_json(state / L.SCALER_STATE, {"scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5,
                                             "growth_interval": 2000, "growth_tracker": 7})
-    write_json(
-        state / L.TRAINING_STEP,
-        {
-            "layout_version": L.LAYOUT_VERSION,
-            "step": step,
-            "lerobot_kit_version": "0.1.0",
-            "dp_world_size": world,
-            "batch_size": 8,
-            "gradient_accumulation_steps": 1,
-            "mixed_precision": mixed_precision,
-            "topology": {
-                "world_size": world,
-                "dp_replicate": world // dp_shard,
-                "dp_shard": dp_shard,
-                "layout": "ddp" if dp_shard == 1 else "fsdp",
-            },
-            "checkpoint_format": {"gathered": "safetensors", "dcp": "dcp", "gathered+dcp": "safetensors_dcp"}[weights],
-            "weights": weights,
-            "optimizer": optimizer,
-            "peft": peft,
-            "sampler": {"epoch": 3, "offset": 16, "samples_seen": 4016},
-        },
+    facts = RunFacts(
+        checkpoint_format={"gathered": "safetensors", "dcp": "dcp", "gathered+dcp": "safetensors_dcp"}[weights],
+        topology=Topology(world, world // dp_shard, dp_shard, "ddp" if dp_shard == 1 else "fsdp"),
+        batch_size=8, gradient_accumulation_steps=1, mixed_precision=mixed_precision, peft=peft,
     )
+    recorded = {"weights": weights, "optimizer": optimizer, "sampler": {"epoch": 3, "offset": 16, "samples_seen": 4016}}
+    write_json(state / L.TRAINING_STEP, facts.record(step, recorded).to_json())
     if checksums:
         write_manifest(step_dir)
     if last:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from lerobot_kit.core.errors import CheckpointError
 from lerobot_kit.core.layout import paths
+from lerobot_kit.core.layout.byte_size import byte_size
 
 if TYPE_CHECKING:
     from lerobot_kit.core.checkpoint.state import CheckpointState
@@ -98,8 +99,8 @@ def check_room(state: CheckpointState, step: int) -> int:
     if short:
         rank, needed, free = short[0]
         raise DiskSpaceRefused(
-            f"checkpoint of step {step} not written: {folder} has {_mb(free)} free and rank {rank} needs about "
-            f"{_mb(needed)} for its part ({_mb(total)} for all ranks); {last_text(state.output_dir)}; free space or "
+            f"checkpoint of step {step} not written: {folder} has {byte_size(free)} free and rank {rank} needs about "
+            f"{byte_size(needed)} for its part ({byte_size(total)} for all ranks); {last_text(state.output_dir)}; free space or "
             "keep fewer checkpoints (--keep_last_checkpoints), then resume"
         )
     return total
@@ -111,7 +112,7 @@ def disk_full(state: CheckpointState, step: int, needed_total: int, removed: str
     folder = paths.checkpoints_root(state.output_dir)
     return DiskFullError(
         f"checkpoint of step {step} not written: the disk of {folder} is full (No space left on device while "
-        f"writing it; it needs about {_mb(needed_total)}; {removed}, which leaves {_mb(free_bytes(folder))} free); "
+        f"writing it; it needs about {byte_size(needed_total)}; {removed}, which leaves {byte_size(free_bytes(folder))} free); "
         f"{last_text(state.output_dir)}; free space or keep fewer checkpoints (--keep_last_checkpoints), then resume"
     )
 
@@ -152,7 +153,3 @@ def last_text(output_dir: Path) -> str:
     """Where ``checkpoints/last`` points, for the line of a save that did not happen."""
     last = paths.last_checkpoint(output_dir)
     return f"{paths.CHECKPOINTS_DIR}/{paths.LAST_LINK} still points to {last.name}" if last else "no checkpoint yet"
-
-
-def _mb(nbytes: int) -> str:
-    return f"{nbytes / 1e6:.1f} MB"

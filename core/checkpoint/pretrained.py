@@ -9,18 +9,16 @@ the naming of the model (``core.model.naming``). ``--policy.path``, ``load_pretr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 from torch import Tensor, nn
 
 from lerobot_kit.core.checkpoint.weights import write_weights_file
-from lerobot_kit.core.config.foreign_config import refused_config_advice
 from lerobot_kit.core.config.schema import PolicyConfig
-from lerobot_kit.core.config.validation_errors import file_line
 from lerobot_kit.core.data.dataset import DatasetMeta
 from lerobot_kit.core.errors import CheckpointError
-from lerobot_kit.core.layout.json_file import read_json
+from lerobot_kit.core.layout.foreign_config import refused_config_advice
+from lerobot_kit.core.layout.json_file import read_json, write_json
 from lerobot_kit.core.layout.paths import (
     ADAPTER_WEIGHTS,
     DATASET_META,
@@ -31,9 +29,10 @@ from lerobot_kit.core.layout.paths import (
 )
 from lerobot_kit.core.layout.stored_weights import StoredWeights
 from lerobot_kit.core.layout.validate import check_loadable
+from lerobot_kit.core.layout.validation_lines import file_line
 from lerobot_kit.core.model.naming import ModelWeights
 from lerobot_kit.core.model.peft import attach_adapter, model_weights, recorded_base
-from lerobot_kit.core.model.policy import Policy, make_policy, write_json
+from lerobot_kit.core.model.policy import Policy, make_policy
 from lerobot_kit.core.model.processor import PolicyProcessor
 
 
@@ -158,11 +157,14 @@ def _load_stored(weights: ModelWeights, stored: StoredWeights) -> None:
     checkpoint_format.load_weights(weights, stored.folder, distributed=False, is_main=True)
 
 
+_DAMAGED = "the pretrained_model folder is incomplete or damaged"
+
+
 def _read_policy(directory: Path) -> tuple[PolicyConfig, DatasetMeta]:
     """The policy config and dataset features a pretrained folder records."""
     from lerobot_kit.core.registry.registry import get_registry
 
-    config_json = _read_json(directory / POLICY_CONFIG)
+    config_json = read_json(directory / POLICY_CONFIG, _DAMAGED)
     policy_type = config_json.get("type")
     if not isinstance(policy_type, str):
         raise CheckpointError(f"{directory / POLICY_CONFIG}: no policy 'type' field")
@@ -174,14 +176,7 @@ def _read_policy(directory: Path) -> tuple[PolicyConfig, DatasetMeta]:
             f"{refused_config_advice(config_json)}"
         ) from exc
     try:
-        meta = DatasetMeta.from_json(_read_json(directory / DATASET_META))
+        meta = DatasetMeta.from_json(read_json(directory / DATASET_META, _DAMAGED))
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{directory / DATASET_META}: malformed ({type(exc).__name__}: {exc})") from exc
     return config, meta
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return read_json(path)
-    except CheckpointError as exc:
-        raise CheckpointError(f"{exc}; the pretrained_model folder is incomplete or damaged") from exc

@@ -35,7 +35,6 @@ from lerobot_kit.core.checkpoint.save_digests import gather_digests, own_shard_d
 from lerobot_kit.core.checkpoint.save_restore import save_checkpoint, write_checkpoint
 from lerobot_kit.core.checkpoint.shard_writes import deferred_shard_writes, write_deferred
 from lerobot_kit.core.checkpoint.state import CheckpointState
-from lerobot_kit.core.data.sampler import DataPosition
 from lerobot_kit.core.distributed.process_group import barrier
 from lerobot_kit.core.errors import CheckpointError, LerobotError, first_line, os_error_line
 from lerobot_kit.core.layout import atomic
@@ -92,19 +91,19 @@ class CheckpointSaver:
             ))
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lerobot-checkpoint")
 
-    def save(self, step: int, position: DataPosition) -> None:
-        """Collective: every rank calls it at the same step."""
+    def save(self, step: int) -> None:
+        """Collective: every rank calls it at the same step, with the run's state as it stands."""
         if not self.background:
             needed = disk_space.check_room(self.state, step)
             with write_failures.cleaned_up(self.state, step, needed):
-                final = save_checkpoint(self.state, step, position)
+                final = save_checkpoint(self.state, step)
             self._published(final)
             return
         self.wait()  # the staged buffers are reused: the previous write must be done
         needed = disk_space.check_room(self.state, step)
         with write_failures.cleaned_up(self.state, step, needed):
             with deferred_shard_writes(self._stager) as deferred:
-                write_checkpoint(self.state, step, position)
+                write_checkpoint(self.state, step)
         assert self._writer is not None
         tmp = atomic.temp_step_dir(self.state.output_dir, step)
         future = self._writer.submit(_write_and_hash, self.state, deferred.writes, self._group, tmp)

@@ -1,14 +1,14 @@
-"""Serialising the non-model parts of a run: optimizer, RNG, scheduler, scaler, step.
+"""The files of the non-model state pieces, and the pieces no library provides: RNG, data position.
 
 Optimizer state is keyed by parameter name (FQN), not index, in every format, so a
 checkpoint written by one layout loads into another: ``optimizer_state.safetensors``
 holds ``state.<fqn>.<key>`` tensors and ``optimizer_param_groups.json`` the groups with
-their parameter names.
+their parameter names. Every rank's random state is one file, ``rank<r>.<name>``
+tensors (``RandomState``).
 """
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
@@ -17,14 +17,11 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from lerobot_kit.core.data.sampler import DataPosition
 from lerobot_kit.core.errors import CheckpointError, first_line
 from lerobot_kit.core.layout import paths
-from lerobot_kit.core.layout.json_file import read_json
+from lerobot_kit.core.layout.json_file import read_json, write_json
 from lerobot_kit.core.layout.file_modes import save_safetensors
-
-
-def write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
 def save_full_optimizer(state: dict[str, Any], directory: Path) -> None:
@@ -61,6 +58,30 @@ def load_full_optimizer(directory: Path) -> dict[str, Any]:
     return {"state": state, "param_groups": groups}
 
 
+class RandomState:
+    """This process's random state as a ``Stateful``: torch (CPU and CUDA), numpy and Python."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return capture_rng()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        _restore_rng(state_dict)
+
+
+class DataCursor:
+    """Where the data order stands, as a ``Stateful``: the trainer moves it on every step and a
+    checkpoint records it in ``training_step.json`` (``sampler``)."""
+
+    def __init__(self, position: DataPosition | None = None) -> None:
+        self.position = position or DataPosition()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.position.to_json()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.position = DataPosition(**state_dict)
+
+
 def capture_rng() -> dict[str, torch.Tensor]:
     """This process's random state: torch (CPU and CUDA), numpy and Python."""
     tensors = {"torch": torch.get_rng_state()}
@@ -77,21 +98,6 @@ def capture_rng() -> dict[str, torch.Tensor]:
     return tensors
 
 
-def restore_rng(tensors: dict[str, torch.Tensor], source: Path) -> None:
-    """Put back one rank's random state, as ``capture_rng`` took it, read from ``source``.
-
-    Names, dtypes and shapes were checked before the resume began
-    (``core.layout.validate.rng_problems``); values that torch, numpy or Python refuse
-    are one ``CheckpointError`` line naming ``source``.
-    """
-    try:
-        _restore_rng(tensors)
-    except (RuntimeError, ValueError, TypeError, OverflowError) as exc:
-        raise CheckpointError(
-            f"{source}: the saved random state cannot be restored ({first_line(exc)}); the file is damaged"
-        ) from exc
-
-
 def _restore_rng(tensors: dict[str, torch.Tensor]) -> None:
     torch.set_rng_state(tensors["torch"])
     if "cuda" in tensors and torch.cuda.is_available():
@@ -106,14 +112,15 @@ def _restore_rng(tensors: dict[str, torch.Tensor]) -> None:
     )
 
 
-def save_rng(per_rank: list[dict[str, torch.Tensor]], directory: Path) -> None:
+def save_per_rank(per_rank: list[dict[str, torch.Tensor]], path: Path) -> None:
+    """Every rank's tensors in one file, as ``rank<r>.<name>``."""
     flat = {f"rank{rank}.{key}": value for rank, states in enumerate(per_rank) for key, value in states.items()}
-    save_safetensors(flat, directory / paths.RNG_STATE)
+    save_safetensors(flat, path)
 
 
-def load_rng(directory: Path, rank: int) -> dict[str, torch.Tensor] | None:
-    """The RNG state saved by ``rank`` (or None when that rank did not exist then)."""
-    flat = read_safetensors(directory / paths.RNG_STATE)
+def load_per_rank(path: Path, rank: int) -> dict[str, torch.Tensor] | None:
+    """The tensors ``rank`` saved with ``save_per_rank`` (or None when that rank did not exist then)."""
+    flat = read_safetensors(path)
     prefix = f"rank{rank}."
     mine = {k.removeprefix(prefix): v for k, v in flat.items() if k.startswith(prefix)}
     return mine or None

@@ -29,6 +29,7 @@ from lerobot_kit.core.layout import paths
 from lerobot_kit.core.layout.file_modes import save_safetensors
 from lerobot_kit.core.layout.stored_weights import StoredWeights
 from lerobot_kit.core.model.naming import ModelWeights
+from lerobot_kit.core.registry.contracts import contract
 
 # --- writing ------------------------------------------------------------------------------
 
@@ -210,6 +211,7 @@ def load_any_weights(weights: ModelWeights, pretrained_dir: Path, *, distributed
 # --- formats ------------------------------------------------------------------------------
 
 
+@contract
 class CheckpointFormat(ABC):
     """Saves and loads a run's weights (``--checkpoint_format``). Both are collective.
 

@@ -14,13 +14,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from lerobot_kit.core.config import json_input
-from lerobot_kit.core.config.foreign_config import lerobot_train_config_advice, refused_config_advice
+from lerobot_kit.core.config.retired import without_retired
 from lerobot_kit.core.config.schema import DatasetConfig, EnvConfig, PolicyConfig, Section, TrainConfig
-from lerobot_kit.core.config.validation_errors import file_line, flag_lines, shown
+from lerobot_kit.core.config.validation_errors import flag_lines
 from lerobot_kit.core.errors import CheckpointError, ConfigError, LerobotError
 from lerobot_kit.core.layout.file_rules import policy_config_problems
+from lerobot_kit.core.layout.foreign_config import lerobot_train_config_advice, refused_config_advice
 from lerobot_kit.core.layout.hub_snapshot import local_policy_path
 from lerobot_kit.core.layout.validate import check_loadable
+from lerobot_kit.core.layout.validation_lines import file_line, shown
 
 CONFIG_PATH_FLAG = "config_path"
 POLYMORPHIC = {"policy": ("policy", PolicyConfig), "dataset": ("dataset", DatasetConfig), "env": ("env", EnvConfig)}
@@ -90,7 +92,7 @@ def read_config_file(path: str) -> dict[str, Any]:
     advice = lerobot_train_config_advice(Path(path), raw)
     if advice:
         raise ConfigError(f"--config_path={path}: {advice}")
-    return raw
+    return without_retired(raw)
 
 
 def merge_sources(file: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:

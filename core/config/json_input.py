@@ -6,79 +6,38 @@ an integer of more than 4300 digits, and accepts ``NaN``, ``Infinity`` and ``1e9
 infinity) although JSON has no such numbers; a path may name a character device such as
 ``/dev/zero``, which reads until memory runs out, or a named pipe, which blocks. Here
 each of those is an ``UnusableJson`` whose message the caller prefixes with the file or
-flag it came from. No config nests deeper than a few levels or weighs more than a few
-kilobytes, so the limits below refuse only what cannot be a config.
+flag it came from. A file is read by ``core.layout.json_file``, as every JSON file is, so
+it is missing or a named pipe in the same words. No config nests deeper than a few
+levels or weighs more than a few kilobytes, so the limits below refuse only what cannot
+be a config.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
-from lerobot_kit.core.layout.json_file import json_type
-from lerobot_kit.core.layout.regular_file import NotRegularFile, open_regular
+from lerobot_kit.core.layout.json_file import SizeLimit, UnusableJson, decode_json_text, json_type, parse_json_file
 
 MAX_DEPTH = 64
 MAX_BYTES = 16 * 2**20
 
-
-class UnusableJson(ValueError):
-    """Why a text or file is not usable as JSON config, as one phrase (no file name), and
-    ``fix``, what to do about it when that does not depend on where the JSON came from."""
-
-    def __init__(self, problem: str, fix: str | None = None) -> None:
-        super().__init__(problem)
-        self.fix = fix
+__all__ = ["UnusableJson", "decode", "read", "read_object"]
 
 
 def decode(text: str) -> Any:
     """``text`` as JSON with finite numbers only, nested at most ``MAX_DEPTH`` levels."""
-    try:
-        data = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_int)
-    except UnusableJson:
-        raise
-    except json.JSONDecodeError as exc:
-        raise UnusableJson(f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from exc
-    except RecursionError as exc:
-        raise UnusableJson(_too_deep()) from exc
+    data = decode_json_text(text, _strict_loads)
     _check_depth(data)
     return data
 
 
 def read(path: Path) -> Any:
-    """The JSON in the regular file ``path`` (symbolic links followed).
-
-    The file is opened as every checkpoint file is (``core.layout.regular_file``): without
-    blocking and checked through its own descriptor, so a named pipe never stalls the open
-    and a path replaced after the check is not read.
-    """
-    try:
-        handle = open_regular(path)
-    except FileNotFoundError as exc:
-        raise UnusableJson("no such file") from exc
-    except NotRegularFile as exc:
-        raise UnusableJson(f"is {exc.kind}, not a file") from exc
-    except OSError as exc:
-        raise UnusableJson(f"cannot be read ({exc.strerror})") from exc
-    try:
-        with handle:
-            if os.fstat(handle.fileno()).st_size > MAX_BYTES:
-                raise UnusableJson(_too_large())
-            raw = handle.read(MAX_BYTES + 1)  # bounded too: /proc files report size 0
-    except OSError as exc:
-        raise UnusableJson(f"cannot be read ({exc.strerror})") from exc
-    if len(raw) > MAX_BYTES:
-        raise UnusableJson(_too_large())
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UnusableJson(
-            f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})", "save it as UTF-8 JSON"
-        ) from exc
-    return decode(text)
+    """The JSON in the regular file ``path`` (symbolic links followed), decoded as ``decode`` does
+    and at most ``MAX_BYTES`` long (``core.layout.json_file.parse_json_file``)."""
+    return parse_json_file(path, decode=decode, limit=SizeLimit(MAX_BYTES, _too_large()))
 
 
 def read_object(path: Path) -> dict[str, Any]:
@@ -87,6 +46,13 @@ def read_object(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UnusableJson(f"expected a JSON object at the top level, got {json_type(data)}")
     return data
+
+
+def _strict_loads(text: str) -> Any:
+    try:
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_int)
+    except RecursionError as exc:
+        raise UnusableJson(_too_deep()) from exc
 
 
 def _refuse_constant(name: str) -> Any:

@@ -14,6 +14,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SerializeAsAn
 
 from lerobot_kit.core.config.bounds import Seconds, Seed, within_int64
 from lerobot_kit.core.config.data_options import ImageTransformsConfig, SamplerConfig
+from lerobot_kit.core.registry.contracts import contract
 
 
 class Section(BaseModel):
@@ -28,6 +29,7 @@ class Section(BaseModel):
         return within_int64(value)
 
 
+@contract
 class PolicyConfig(Section):
     """Fields every policy has; a policy plugin subclasses this with its own.
 
@@ -63,6 +65,7 @@ class PolicyConfig(Section):
         return self.model_dump(mode="json")
 
 
+@contract
 class DatasetConfig(Section):
     """Fields every dataset has; a dataset plugin subclasses this with its own.
 
@@ -97,8 +100,6 @@ class ParallelismConfig(Section):
     dp_shard: int | None = Field(
         None, description="Ranks each model is sharded over (FSDP2); -1 = all launched processes / dp_replicate."
     )
-    cp: int = Field(1, ge=1, description="Context-parallel degree (mesh axis 'cp'); only 1 is supported yet.")
-    tp: int = Field(1, ge=1, description="Tensor-parallel degree (mesh axis 'tp'); only 1 is supported yet.")
     timeout_s: Seconds = Field(600, description="Collective timeout in seconds; a hung rank fails the run after it.")
     step_timeout_s: Seconds | None = Field(
         None, description="A rank stuck in one training step (data, forward, backward, optimizer) longer "
@@ -174,7 +175,8 @@ Float32 = Annotated[float, Field(allow_inf_nan=False), AfterValidator(_within_fl
 
 
 class OptimizerConfig(Section):
-    type: Literal["adamw"] = Field("adamw", description="Optimizer.")
+    """AdamW, the optimizer of every run."""
+
     # The optimizer keeps its hyperparameters as float32 tensors on some paths; a value past
     # float32's range (or nan/inf) would only fail deep inside the first step.
     lr: Float32 = Field(1e-4, gt=0, description="Learning rate (never scaled automatically).")
@@ -203,6 +205,7 @@ class TrackioConfig(Section):
     project: str = Field("lerobot-kit", description="trackio project.")
 
 
+@contract
 class EnvConfig(Section):
     """Fields every evaluation environment has; an environment plugin subclasses this with its own."""
 

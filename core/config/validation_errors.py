@@ -1,29 +1,19 @@
-"""pydantic's ``ValidationError`` in the words a user reads: one line per problem, named by
-its flag or field, with the value shortened and never a link to pydantic's documentation.
+"""pydantic's ``ValidationError`` in the words a user reads, for what the user typed: one
+``--policy.dim_model: ...`` line per problem, a misspelt flag with the closest real one.
 
-Two shapes, one wording: ``flag_lines`` for what the user typed (``--policy.dim_model:
-...``, a misspelt flag with the closest real one), ``file_line`` for a file the user did
-not write field by field (a checkpoint's ``config.json``): its first problem and how many
-more, as the one line of a ``CheckpointError``.
+The wording of one problem is ``core.layout.validation_lines``'s, shared with the one line
+that refuses a checkpoint's ``config.json`` (``file_line``).
 """
 
 from __future__ import annotations
 
 import difflib
-import reprlib
-from collections.abc import Sequence
 from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
-from pydantic_core import ErrorDetails
 
 from lerobot_kit.core.config.lerobot_flags import lerobot_flag_advice
-
-# Inputs are echoed short: a flag value can be a 5000-digit number or a JSON list.
-_SHORT = reprlib.Repr()
-_SHORT.maxstring = _SHORT.maxother = _SHORT.maxlong = 60
-_SHORT.maxlist = _SHORT.maxtuple = 6
-_SHORT.maxlevel = 2
+from lerobot_kit.core.layout.validation_lines import problem_line
 
 
 def flag_lines(exc: ValidationError, model: type[BaseModel], prefix: str = "") -> list[str]:
@@ -40,30 +30,8 @@ def flag_lines(exc: ValidationError, model: type[BaseModel], prefix: str = "") -
             suggestion = f"; did you mean --{prefix}{'.'.join([*map(str, loc[:-1]), hint[0]])}?" if hint else ""
             lines.append(f"--{path}: unknown flag{suggestion}")
         else:
-            lines.append(f"--{path}: {_problem(err)}")
+            lines.append(f"--{path}: {problem_line(err)}")
     return lines
-
-
-def file_line(errors: Sequence[ErrorDetails]) -> str:
-    """The first of ``errors`` (a ``ValidationError``'s) as ``field.path: problem``, and ``(and N more)``."""
-    first = errors[0]
-    where = ".".join(str(p) for p in first["loc"]) or "the config as a whole"
-    problem = "unknown field" if first["type"] == "extra_forbidden" else _problem(first)
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{where}: {problem}{more}"
-
-
-def _problem(err: ErrorDetails) -> str:
-    """pydantic's message on one line, with the input unless it is a whole section or list
-    (a JSON list of members, say), which the message names the parts of."""
-    message = " ".join(str(err["msg"]).split())
-    given = err.get("input")
-    return message if isinstance(given, (dict, list)) else f"{message} (got {shown(given)})"
-
-
-def shown(value: Any) -> str:
-    """``repr(value)`` cut to a readable length: a flag value can be a 5000-digit number."""
-    return _SHORT.repr(value)
 
 
 def _field_names(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from lerobot_kit.core.errors import ConfigError
+from lerobot_kit.core.registry.contracts import contract
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -62,6 +63,7 @@ class LaunchEnv:
     parent_is_launcher: bool = False
 
 
+@contract
 class Launcher:
     """Base of launcher plugins; see the module docstring for the contract."""
 

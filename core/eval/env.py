@@ -26,11 +26,13 @@ from typing import Any
 import numpy as np
 
 from lerobot_kit.core.data.dataset import FeatureSpec
+from lerobot_kit.core.registry.contracts import contract
 
 Observation = dict[str, np.ndarray]
 Info = dict[str, Any]
 
 
+@contract
 class VectorEnv(ABC):
     """``num_envs`` environments stepped together; subclasses set the four attributes below.
 

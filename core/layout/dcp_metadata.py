@@ -294,8 +294,13 @@ def check_dcp_shards(dcp_dir: Path, metadata: Metadata, label: str | None = None
     """
     dcp_dir = Path(dcp_dir)
     name = label or str(dcp_dir)
-    problems: list[str] = []
     storage = metadata.storage_data or {}
+    return [*_unstored_entries(metadata, storage, name), *_shard_file_problems(dcp_dir, storage, name)]
+
+
+def _unstored_entries(metadata: Metadata, storage: dict[MetadataIndex, StorageInfo], name: str) -> list[str]:
+    """Tensors whose chunks do not cover them, and entries or chunks without a storage record."""
+    problems: list[str] = []
     stored = {(k.fqn, k.offset) for k in storage}
     for fqn, entry in metadata.state_dict_metadata.items():
         if isinstance(entry, BytesStorageMetadata):
@@ -314,6 +319,12 @@ def check_dcp_shards(dcp_dir: Path, metadata: Metadata, label: str | None = None
                 f"{name}/{DCP_METADATA}: tensor {fqn!r}: chunk at offsets {list(unstored[0].offsets)} "
                 "has no storage record"
             )
+    return problems
+
+
+def _shard_file_problems(dcp_dir: Path, storage: dict[MetadataIndex, StorageInfo], name: str) -> list[str]:
+    """Shard files the records name that are outside the folder, missing, not files, or too short."""
+    problems: list[str] = []
     needed: dict[str, tuple[int, str, int]] = {}  # file -> (bytes needed, by which tensor, records)
     for index, info in storage.items():
         end = info.offset + info.length

@@ -64,16 +64,25 @@ def entry_mode(path: Path, label: str | None = None) -> int | None:
 
 
 def not_a_file_line(name: str, mode: int) -> str:
+    return f"{name}: {not_a_file_problem(mode)}"
+
+
+def not_a_file_problem(mode: int) -> str:
+    """``a named pipe, not a file`` (a directory is called a folder, as everywhere in messages)."""
     kind = "a folder" if kind_of(mode) == "a directory" else kind_of(mode)
-    return f"{name}: {kind}, not a file"
+    return f"{kind}, not a file"
 
 
 def access_line(name: str, exc: OSError, *, folder: bool = False) -> str:
     """``<name>: cannot be read: <strerror> (errno <NAME>); <the fix>``."""
+    return f"{name}: {access_problem(exc, folder=folder)}; {_fix(exc.errno, folder)}"
+
+
+def access_problem(exc: OSError, *, folder: bool = False) -> str:
+    """``cannot be read: <strerror> (errno <NAME>)``: what the system refused, without a fix."""
     code = errno.errorcode.get(exc.errno or 0)
     verb = "listed" if folder else "read"
-    where = f"{name}: cannot be {verb}: {exc.strerror or exc}" + (f" (errno {code})" if code else "")
-    return f"{where}; {_fix(exc.errno, folder)}"
+    return f"cannot be {verb}: {exc.strerror or exc}" + (f" (errno {code})" if code else "")
 
 
 def _fix(code: int | None, folder: bool) -> str:

@@ -3,7 +3,9 @@
 A step folder's files depend on what its ``training_step.json`` records: whether the
 weights are a PEFT adapter, whether they are one gathered file, DCP shards or both,
 whether the optimizer state is one file or shards, and whether fp16 needed a loss
-scaler. ``FILES`` lists every file with the record fields that make it required. The
+scaler. ``layout_files`` lists every file with the record fields that make it required:
+the configs and the record here, the rest by the state piece they hold
+(``core.layout.state_pieces``), with the flags that mark the older layout. The
 writer checks its temporary folder against it before publishing, a resume refuses a
 step folder that lacks a required file before building anything, and
 ``inspect-checkpoint`` reports each one missing: "resumable" means what the resume
@@ -13,17 +15,17 @@ accepts, file for file. Torch-free.
 from __future__ import annotations
 
 import stat
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from lerobot_kit.core.errors import CheckpointError
-from lerobot_kit.core.layout import paths
+from lerobot_kit.core.layout import paths, state_pieces
 from lerobot_kit.core.layout.file_access import CheckpointAccessError, entry_mode, not_a_file_line
+from lerobot_kit.core.layout.layout_file import ALWAYS, CheckpointKind, LayoutFile
 from lerobot_kit.core.layout.training_step import TrainingStep, read_training_step
 
 P, T = paths.PRETRAINED_DIR, paths.TRAINING_STATE_DIR
-ALWAYS = "every checkpoint holds it"
 
 SHOWN_STEPS = 5  # step folders named in the advice; more are counted
 
@@ -50,72 +52,47 @@ def resume_advice(step_dir: Path) -> str:
             f"which deletes the step folders after it ({', '.join(doomed[:SHOWN_STEPS])}{more})")
 
 
-@dataclass(frozen=True)
-class CheckpointKind:
-    """The record fields that decide which files a checkpoint holds."""
-
-    peft: bool
-    weights: str  # gathered | dcp | gathered+dcp
-    optimizer: str  # safetensors | dcp
-    mixed_precision: str  # no | bf16 | fp16
-
-    @classmethod
-    def of(cls, record: TrainingStep) -> CheckpointKind:
-        return cls(record.peft, record.weights, record.optimizer, record.mixed_precision)
-
-    def value(self, field: str) -> str:
-        """A field as the record spells it (``peft``: true/false), for matching and for messages."""
-        value = getattr(self, field)
-        return ("true" if value else "false") if isinstance(value, bool) else value
-
-
-@dataclass(frozen=True)
-class LayoutFile:
-    """One file (or DCP folder) of a step folder, and when a checkpoint must hold it."""
-
-    path: str  # relative to the step folder
-    # Required when every (record field, accepted values) pair matches; () = always.
-    when: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    for_loading: bool = False  # read by --policy.path and eval, not only by a resume
-    folder: bool = False  # a DCP folder
-
-    def required_for(self, kind: CheckpointKind) -> bool:
-        return all(kind.value(field) in accepted for field, accepted in self.when)
-
-    def because(self, kind: CheckpointKind) -> str:
-        """Why ``kind`` requires it, as a message says it."""
-        if not self.when:
-            return ALWAYS
-        says = ", ".join(f"{field}: {kind.value(field)}" for field, _ in self.when)
-        return f"{T}/{paths.TRAINING_STEP} says {says}"
-
-
-_GATHERED = ("gathered", "gathered+dcp")
-_SHARDS = ("dcp", "gathered+dcp")
-
-FILES: tuple[LayoutFile, ...] = (
+_OWN_FILES: tuple[LayoutFile, ...] = (
     LayoutFile(f"{P}/{paths.POLICY_CONFIG}", for_loading=True),
     LayoutFile(f"{P}/{paths.DATASET_META}", for_loading=True),
     LayoutFile(f"{P}/{paths.PREPROCESSOR}.json", for_loading=True),
     LayoutFile(f"{P}/{paths.POSTPROCESSOR}.json", for_loading=True),
     LayoutFile(f"{P}/{paths.TRAIN_CONFIG}"),
-    LayoutFile(f"{P}/{paths.MODEL_WEIGHTS}", (("peft", ("false",)), ("weights", _GATHERED)), for_loading=True),
-    LayoutFile(f"{P}/{paths.ADAPTER_WEIGHTS}", (("peft", ("true",)), ("weights", _GATHERED)), for_loading=True),
-    LayoutFile(f"{P}/{paths.ADAPTER_CONFIG}", (("peft", ("true",)),), for_loading=True),
-    LayoutFile(f"{P}/{paths.DCP_MODEL_DIR}", (("weights", _SHARDS),), folder=True),
+    *state_pieces.MODEL.files,
     LayoutFile(f"{T}/{paths.TRAINING_STEP}"),
-    LayoutFile(f"{T}/{paths.RNG_STATE}"),
-    LayoutFile(f"{T}/{paths.SCHEDULER_STATE}"),
-    LayoutFile(f"{T}/{paths.OPTIMIZER_PARAM_GROUPS}", (("optimizer", ("safetensors",)),)),
-    LayoutFile(f"{T}/{paths.OPTIMIZER_STATE}", (("optimizer", ("safetensors",)),)),
-    LayoutFile(f"{T}/{paths.DCP_OPTIMIZER_DIR}", (("optimizer", ("dcp",)),), folder=True),
-    LayoutFile(f"{T}/{paths.SCALER_STATE}", (("mixed_precision", ("fp16",)),)),
 )
+"""The files no state piece holds, around the model's (in the order messages name them)."""
+
+
+def layout_files() -> tuple[LayoutFile, ...]:
+    """Every file of the layout: the configs, the model's, the record, then those of every other
+    state piece in table order (a registered piece's last)."""
+    pieces = (piece for piece in state_pieces.state_pieces() if piece is not state_pieces.MODEL)
+    return _OWN_FILES + tuple(file for piece in pieces for file in piece.files)
+
+
+def content_rule(path: str) -> Callable[[Any], list[str]] | None:
+    """The rule the table gives the contents of the file at ``path`` (relative to the step folder)."""
+    return next((file.rule for file in layout_files() if file.path == path), None)
+
+
+def older_layout(step_dir: Path, dp_shard: int) -> tuple[str, str] | None:
+    """``(file, why)`` when a step folder whose run had ``dp_shard`` ranks per shard group keeps
+    a piece in a file the table says a sharded run keeps elsewhere (``sharded_instead``): the
+    older layout LeRobot 0.6 wrote, whose weights load but which cannot be resumed. Else None."""
+    if dp_shard <= 1:
+        return None
+    for file in layout_files():
+        instead = file.sharded_instead
+        if instead is not None and (Path(step_dir) / file.path).exists() and not (Path(step_dir) / instead).exists():
+            return file.path, (f"old layout: a sharded run (dp_shard={dp_shard}) holding this file instead of "
+                               f"{instead}/ (the older gathered-optimizer layout, as LeRobot 0.6 wrote)")
+    return None
 
 
 def required(kind: CheckpointKind) -> list[LayoutFile]:
     """The files a checkpoint of ``kind`` must hold, in table order."""
-    return [file for file in FILES if file.required_for(kind)]
+    return [file for file in layout_files() if file.required_for(kind)]
 
 
 def missing(step_dir: Path, kind: CheckpointKind) -> Iterator[tuple[LayoutFile, str]]:
@@ -151,12 +128,11 @@ def resumable_record(step_dir: Path, advice: str) -> TrainingStep:
     if entry_mode(record_file, str(record_file)) is None:
         raise CheckpointError(f"{record_file}: missing ({ALWAYS}); the checkpoint is incomplete: {advice}")
     record = read_training_step(step_dir, advice)
-    state_dir = Path(step_dir) / T
-    if (record.sharded and (state_dir / paths.OPTIMIZER_STATE).exists()
-            and not (state_dir / paths.DCP_OPTIMIZER_DIR).is_dir()):
+    older = older_layout(step_dir, record.topology.dp_shard)
+    if older is not None:
         raise CheckpointError(
-            f"{step_dir}: a sharded run whose optimizer state is not in {paths.DCP_OPTIMIZER_DIR}/ (the older "
-            "gathered-optimizer layout); it cannot be resumed, but its weights can still be loaded with --policy.path"
+            f"{step_dir}/{older[0]}: {older[1]}; it cannot be resumed, but its weights can still be loaded with "
+            "--policy.path"
         )
     check_complete(step_dir, record, advice)
     return record

@@ -13,6 +13,8 @@ import errno
 import shutil
 from pathlib import Path
 
+from lerobot_kit.core.layout.byte_size import byte_size
+
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
@@ -32,11 +34,6 @@ def free_bytes(path: Path) -> int | None:
         return None
 
 
-def byte_count(nbytes: int) -> str:
-    """``512 bytes``, or ``12.3 MB (12345678 bytes)``: readable, and exact for comparing with ``df -B1``."""
-    return f"{nbytes} bytes" if nbytes < 100_000 else f"{nbytes / 1e6:.1f} MB ({nbytes} bytes)"
-
-
 def no_space_line(path: Path, needed: int | None, exc: OSError | None = None) -> str:
     """``<path>: No space left on device (errno ENOSPC) writing it; it needs <n>, and its disk has <m> free``.
 
@@ -48,6 +45,6 @@ def no_space_line(path: Path, needed: int | None, exc: OSError | None = None) ->
         failed = f"{exc.strerror or 'No space left on device'} (errno {errno.errorcode.get(exc.errno or 0, exc.errno)})"
         failed += " writing it"
     free = free_bytes(path.parent)
-    room = "its disk's free space is unknown" if free is None else f"its disk has {byte_count(free)} free"
-    need = f"it needs {byte_count(needed)}, and " if needed is not None else ""
+    room = "its disk's free space is unknown" if free is None else f"its disk has {byte_size(free, exact=True)} free"
+    need = f"it needs {byte_size(needed, exact=True)}, and " if needed is not None else ""
     return f"{path}: {failed}; {need}{room}"

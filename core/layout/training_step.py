@@ -143,14 +143,7 @@ def read_training_step(step_dir: Path, advice: str | None = None) -> TrainingSte
     if entry_mode(path) is None and not path.is_symlink():
         raise CheckpointError(f"{path}: missing; the checkpoint is incomplete")
     damaged = "the file is corrupt" if advice is None else f"the checkpoint is damaged: {advice}"
-    try:
-        raw = read_json(path)
-    except CheckpointAccessError:
-        raise  # the system's refusal, with its own fix: nothing is known about the contents
-    except NotAFileError as exc:
-        raise NotAFileError(f"{exc}; {damaged}") from exc
-    except CheckpointError as exc:
-        raise CheckpointError(f"{exc}; {damaged}") from exc
+    raw = read_json(path, damaged)
     if isinstance(raw, dict) and other_layout(raw) is not None:
         raise CheckpointError(
             f"{path}: {other_layout(raw)}; it cannot be resumed, but its weights can still be loaded with "

@@ -5,7 +5,7 @@ JSON files, safetensors files and DCP folders; ``inspect-checkpoint`` reports on
 All of them go through ``check_step_folder`` / ``check_pretrained_folder``, which read
 each file once (JSON, safetensors headers, DCP metadata, never tensor data) and check it
 by the rule of its kind (``core.layout.file_rules``; ``config.json`` by its policy type,
-as ``--policy.path`` validates it: ``core.config.pretrained_config``), so a damaged file
+as ``--policy.path`` validates it: ``core.layout.pretrained_config``), so a damaged file
 is one line naming it before any model is built, and inspect's "resumable" and
 "loadable" are what the loaders accept.
 ``check_resumable`` and ``check_loadable`` turn the first problem into the loaders'
@@ -55,14 +55,10 @@ from lerobot_kit.core.layout.file_rules import (
     natural,
     no_rule,
     object_problems,
-    param_groups_problems,
     policy_config_problems,
     processor_problems,
-    rng_problems,
-    scaler_problems,
-    scheduler_problems,
 )
-from lerobot_kit.core.layout.files import CheckpointKind, missing, resumable_record
+from lerobot_kit.core.layout.files import CheckpointKind, content_rule, missing, older_layout, resumable_record
 from lerobot_kit.core.layout.hub_snapshot import cached_repo_of
 from lerobot_kit.core.layout.json_file import json_type, read_json
 from lerobot_kit.core.layout.safetensors_header import read_safetensors_header, tensors
@@ -225,9 +221,9 @@ class CheckedFolder:
             except CheckpointError as err:
                 self.problems.append(Problem.of(rel, err))
                 return
-            if sub == L.TRAINING_STATE_DIR and path.name == L.RNG_STATE:
-                for line in rng_problems(self.headers[rel]):
-                    self._problem(rel, line)
+            rule = content_rule(rel) if sub == L.TRAINING_STATE_DIR else None
+            for line in rule(self.headers[rel]) if rule else []:
+                self._problem(rel, line)
         else:
             self.entries.append(Entry(rel, path, "other"))
 
@@ -245,7 +241,7 @@ class CheckedFolder:
 
     def _check_policy_config(self, rel: str, value: Any) -> None:
         """``config.json`` validated by its policy type, as ``--policy.path`` validates it."""
-        from lerobot_kit.core.config.pretrained_config import pretrained_config_problem
+        from lerobot_kit.core.layout.pretrained_config import pretrained_config_problem
 
         found = pretrained_config_problem(self.root / self.pretrained, value)
         if found is not None:
@@ -256,13 +252,7 @@ class CheckedFolder:
 
     def _json_rule(self, sub: str, name: str) -> Callable[[Any], list[str]]:
         if sub == L.TRAINING_STATE_DIR:
-            rules: dict[str, Callable[[Any], list[str]]] = {
-                L.TRAINING_STEP: self._training_step,
-                L.SCHEDULER_STATE: scheduler_problems,
-                L.SCALER_STATE: scaler_problems,
-                L.OPTIMIZER_PARAM_GROUPS: param_groups_problems,
-            }
-            return rules.get(name, no_rule)
+            return self._training_step if name == L.TRAINING_STEP else content_rule(f"{sub}/{name}") or no_rule
         if sub != self.pretrained:
             return no_rule
         if name.startswith((L.PREPROCESSOR, L.POSTPROCESSOR)):
@@ -303,7 +293,7 @@ class CheckedFolder:
         """
         T = L.TRAINING_STATE_DIR
         record = self.record
-        if record is None or (record.sharded and not (self.root / T / L.DCP_OPTIMIZER_DIR).is_dir()):
+        if record is None or older_layout(self.root, record.topology.dp_shard) is not None:
             return
         groups_rel, state_rel, dcp_rel = (f"{T}/{L.OPTIMIZER_PARAM_GROUPS}", f"{T}/{L.OPTIMIZER_STATE}",
                                           f"{T}/{L.DCP_OPTIMIZER_DIR}")

@@ -10,7 +10,6 @@ meta build; to_empty; init_weights()`` give the same weights.
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from pathlib import Path
 from typing import ClassVar
@@ -21,8 +20,10 @@ from torch import Tensor, nn
 from lerobot_kit.core.config.schema import PolicyConfig
 from lerobot_kit.core.data.dataset import ACTION_KEY, STATE_KEY, DatasetMeta
 from lerobot_kit.core.errors import ConfigError
+from lerobot_kit.core.layout.json_file import write_json
 from lerobot_kit.core.layout.paths import POLICY_CONFIG, POSTPROCESSOR, PREPROCESSOR
 from lerobot_kit.core.model.processor import PolicyProcessor
+from lerobot_kit.core.registry.contracts import contract
 
 
 # An optional entry of the metrics ``forward`` returns: the loss of each sample of the batch
@@ -31,6 +32,7 @@ from lerobot_kit.core.model.processor import PolicyProcessor
 PER_SAMPLE_LOSS = "per_sample_loss"
 
 
+@contract
 class Policy(nn.Module):
     """Base of every policy.
 
@@ -177,8 +179,3 @@ def make_policy(config: PolicyConfig, meta: DatasetMeta) -> Policy:
     from lerobot_kit.core.registry.registry import get_registry
 
     return get_registry().policy(config.type).build(config, meta)
-
-
-def write_json(path: Path, data: dict) -> None:
-    """A small JSON file of a ``pretrained_model/`` folder, indented as LeRobot writes its own."""
-    path.write_text(json.dumps(data, indent=2) + "\n")

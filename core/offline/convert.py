@@ -62,6 +62,7 @@ import torch
 
 from lerobot_kit.core.errors import CheckpointError, first_line, os_error_line
 from lerobot_kit.core.layout import dcp_metadata, manifest
+from lerobot_kit.core.layout.byte_size import byte_size
 from lerobot_kit.core.layout.fsync import fsync_dir
 from lerobot_kit.core.layout.json_file import read_json
 from lerobot_kit.core.layout.no_space import free_bytes, is_no_space, no_space_line
@@ -151,9 +152,8 @@ class ConvertResult:
 
     def summary(self) -> str:
         rate = self.nbytes / 1e6 / max(self.seconds, 1e-9)
-        size = f"{self.nbytes / 1e6:.1f} MB" if self.nbytes >= 100_000 else f"{self.nbytes} bytes"
         return (
-            f"converted {self.tensors} tensors, {size} -> {self.output} in {self.seconds:.2f}s "
+            f"converted {self.tensors} tensors, {byte_size(self.nbytes)} -> {self.output} in {self.seconds:.2f}s "
             f"({rate:.1f} MB/s)" + ("; DCP shards deleted" if self.deleted_dcp else "")
         )
 
@@ -190,57 +190,15 @@ def convert_dcp(
     """
     started = time.monotonic()
     pretrained = check_convertible(checkpoint_dir, overwrite)
-    dcp_dir = pretrained / DCP_MODEL_DIR
     stored = StoredWeights.of(pretrained)
     output = pretrained / stored.file_name
-    if not dcp_dir.is_dir():
-        existing = f"; {output.name} exists and may already hold the weights" if output.exists() else ""
-        raise CheckpointError(
-            f"{pretrained}: this checkpoint has no DCP weight shards ({DCP_MODEL_DIR}/ is missing){existing}"
-        )
-    if output.exists() and not overwrite:
-        raise CheckpointError(f"{output} already exists; pass --overwrite=true to replace it")
-
+    dcp_dir = _shards_to_convert(pretrained, output, overwrite)
     metadata = dcp_metadata.read_dcp_metadata(dcp_dir)
     entries = _entries(dcp_dir, metadata)
     step_dir = pretrained.parent
     recorded = _manifest_checked_before_reading(step_dir) if pretrained.name == PRETRAINED_DIR else None
-    tmp = output.with_name(output.name + TMP_SUFFIX)
-    header = _header(entries)
-    needed = len(header) + sum(e.nbytes for e in entries) + RECORDS_ROOM
-    free = free_bytes(pretrained)
-    if free is not None and free < needed:
-        raise CheckpointError(f"{no_space_line(output, needed)}; {_NOTHING_CHANGED}")
-    try:
-        with _ShardCheck(step_dir) if recorded is not None else nullcontext():
-            if not stored.adapter:
-                _check_shapes(pretrained, entries)
-            with ChunkReader(dcp_dir, metadata) as reader:
-                digest = _write(tmp, header, entries, reader, progress)
-            _check_header(tmp, entries)
-            if recorded is None:
-                _read_back(tmp, digest, progress)
-    except BaseException as exc:
-        tmp.unlink(missing_ok=True)
-        if is_no_space(exc):
-            raise CheckpointError(f"{no_space_line(output, needed, exc)}; {_NOTHING_CHANGED}") from exc
-        raise
-    replaced = output.exists()
-    os.replace(tmp, output)
-    fsync_dir(pretrained)
-    try:
-        rewrite_weights_kind(pretrained, "gathered" if delete_dcp else "gathered+dcp")
-    except OSError as exc:
-        raise _not_recorded(step_dir / TRAINING_STATE_DIR / TRAINING_STEP, output, not replaced, exc) from exc
-    try:
-        if delete_dcp:
-            _delete_shards(dcp_dir, output)
-    finally:
-        if recorded is not None:
-            try:
-                _record_output(step_dir, recorded, f"{PRETRAINED_DIR}/{output.name}", digest)
-            except OSError as exc:
-                raise _not_recorded(step_dir / MANIFEST, output, False, exc) from exc
+    digest = _write_merged(output, entries, metadata, stored, recorded is not None, progress)
+    _publish(output, digest, recorded, delete_dcp)
     return ConvertResult(
         output=output,
         tensors=len(entries),
@@ -249,6 +207,76 @@ def convert_dcp(
         peft=stored.adapter,
         deleted_dcp=delete_dcp,
     )
+
+
+def _shards_to_convert(pretrained: Path, output: Path, overwrite: bool) -> Path:
+    """The DCP shard folder of ``pretrained``; refused when there is none, or when ``output``
+    exists and may not be replaced."""
+    dcp_dir = pretrained / DCP_MODEL_DIR
+    if not dcp_dir.is_dir():
+        existing = f"; {output.name} exists and may already hold the weights" if output.exists() else ""
+        raise CheckpointError(
+            f"{pretrained}: this checkpoint has no DCP weight shards ({DCP_MODEL_DIR}/ is missing){existing}"
+        )
+    if output.exists() and not overwrite:
+        raise CheckpointError(f"{output} already exists; pass --overwrite=true to replace it")
+    return dcp_dir
+
+
+def _write_merged(output: Path, entries: list[_Entry], metadata: dcp_metadata.Metadata, stored: StoredWeights,
+                  recorded: bool, progress: Progress | None) -> manifest.FileDigest:
+    """The merged file written and checked beside ``output`` (its temporary name); returns its
+    digest. ``recorded``: the step folder's manifest records the shards, so they are checked
+    against it while read (``_ShardCheck``) instead of the output being read back. Nothing is
+    left behind when it fails."""
+    pretrained = output.parent
+    dcp_dir = pretrained / DCP_MODEL_DIR
+    tmp = output.with_name(output.name + TMP_SUFFIX)
+    header = _header(entries)
+    needed = len(header) + sum(e.nbytes for e in entries) + RECORDS_ROOM
+    free = free_bytes(pretrained)
+    if free is not None and free < needed:
+        raise CheckpointError(f"{no_space_line(output, needed)}; {_NOTHING_CHANGED}")
+    try:
+        with _ShardCheck(pretrained.parent) if recorded else nullcontext():
+            if not stored.adapter:
+                _check_shapes(pretrained, entries)
+            with ChunkReader(dcp_dir, metadata) as reader:
+                digest = _write(tmp, header, entries, reader, progress)
+            _check_header(tmp, entries)
+            if not recorded:
+                _read_back(tmp, digest, progress)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if is_no_space(exc):
+            raise CheckpointError(f"{no_space_line(output, needed, exc)}; {_NOTHING_CHANGED}") from exc
+        raise
+    return digest
+
+
+def _publish(output: Path, digest: manifest.FileDigest, recorded: dict[str, manifest.FileDigest] | None,
+             delete_dcp: bool) -> None:
+    """The written file moved into place as ``output``, and the step folder's records updated:
+    ``training_step.json``'s weights kind, and ``checksums.json`` when the step folder has one
+    (``recorded``); the shards deleted with ``delete_dcp``."""
+    pretrained = output.parent
+    step_dir = pretrained.parent
+    replaced = output.exists()
+    os.replace(output.with_name(output.name + TMP_SUFFIX), output)
+    fsync_dir(pretrained)
+    try:
+        rewrite_weights_kind(pretrained, "gathered" if delete_dcp else "gathered+dcp")
+    except OSError as exc:
+        raise _not_recorded(step_dir / TRAINING_STATE_DIR / TRAINING_STEP, output, not replaced, exc) from exc
+    try:
+        if delete_dcp:
+            _delete_shards(pretrained / DCP_MODEL_DIR, output)
+    finally:
+        if recorded is not None:
+            try:
+                _record_output(step_dir, recorded, f"{PRETRAINED_DIR}/{output.name}", digest)
+            except OSError as exc:
+                raise _not_recorded(step_dir / MANIFEST, output, False, exc) from exc
 
 
 def _not_recorded(record: Path, output: Path, undo: bool, exc: OSError) -> CheckpointError:

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from lerobot_kit.core.errors import CheckpointError
-from lerobot_kit.core.layout import files, manifest, training_step
+from lerobot_kit.core.layout import files, manifest, state_pieces, training_step
 from lerobot_kit.core.layout import paths as L
+from lerobot_kit.core.layout.byte_size import byte_size
 from lerobot_kit.core.layout.dcp_metadata import tensor_entries
 from lerobot_kit.core.layout.safetensors_header import tensor_nbytes, tensors
 from lerobot_kit.core.layout.training_step import OPTIMIZER_KINDS, WEIGHTS_KINDS
@@ -77,6 +78,17 @@ class FileInfo:
 
 
 @dataclass
+class PieceInfo:
+    """A piece of training state the checkpoint holds (``core.layout.state_pieces``), and where."""
+
+    name: str
+    held_in: list[str]  # its files the folder holds, or ``training_step.json:<field>``
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "held_in": self.held_in}
+
+
+@dataclass
 class Verdict:
     ok: bool | None  # None: could not be checked
     why: str
@@ -115,6 +127,7 @@ class CheckpointReport:
     loadable: Verdict
     checksums: Checksums
     dataset: dict[str, Any] | None = None  # what the run trained on, from train_config.json
+    state: list[PieceInfo] = field(default_factory=list)  # the pieces of training state it holds
 
     @property
     def ok(self) -> bool:
@@ -144,6 +157,7 @@ class CheckpointReport:
             "loadable": self.loadable.to_json(),
             "checksums": self.checksums.to_json(),
             "dataset": self.dataset,
+            "state": [piece.to_json() for piece in self.state],
         }
 
 
@@ -159,6 +173,9 @@ def inspect_checkpoint(
     that reads the tensor data. Raises ``CheckpointError`` only when ``path`` is not a
     checkpoint at all; everything wrong inside one is a line of ``report.problems``.
     """
+    from lerobot_kit.core.registry.registry import get_registry
+
+    get_registry()  # plugins register their state pieces (and so their files) when imported
     path = Path(path)
     if L.is_policy_folder(path):
         return _Inspector(path.parent, verify, verify_max_bytes, pretrained=path.name, policy_folder=True).run()
@@ -223,6 +240,7 @@ class _Inspector:
             loadable=loadable,
             checksums=self.checksums,
             dataset=trained_on(self.checked.json.get(f"{self.pretrained}/{L.TRAIN_CONFIG}")),
+            state=self._state_pieces(ts),
         )
 
     def _file_info(self, entry: Entry) -> FileInfo:
@@ -264,7 +282,7 @@ class _Inspector:
         if self.verify is None and size_on_disk > self.verify_max_bytes:
             return Checksums(
                 "skipped",
-                f"not verified: {_gb(size_on_disk)} on disk is above --verify-max-bytes={self.verify_max_bytes}; "
+                f"not verified: {byte_size(size_on_disk)} on disk is above --verify-max-bytes={self.verify_max_bytes}; "
                 "pass --verify to check them",
             )
         findings = manifest.manifest_findings(self.root)
@@ -319,15 +337,10 @@ class _Inspector:
         as a resume requires it (``core.layout.files``)."""
         T = L.TRAINING_STATE_DIR
         topo = ts.get("topology")
-        sharded = isinstance(topo, dict) and type(topo.get("dp_shard")) is int and topo["dp_shard"] > 1
-        if sharded and self._exists(T, L.OPTIMIZER_STATE) and not self._exists(T, L.DCP_OPTIMIZER_DIR):
-            self.layout_problems.append(
-                (
-                    f"{T}/{L.OPTIMIZER_STATE}",
-                    f"old layout: a sharded run (dp_shard={topo['dp_shard']}) with one gathered optimizer state "
-                    f"and no {T}/{L.DCP_OPTIMIZER_DIR}/, as LeRobot 0.6 wrote",
-                )
-            )
+        dp_shard = topo.get("dp_shard") if isinstance(topo, dict) else None
+        older = files.older_layout(self.root, dp_shard) if type(dp_shard) is int else None
+        if older is not None:
+            self.layout_problems.append(older)
             return
         try:
             kind = files.CheckpointKind.of(training_step.TrainingStep.from_json(ts, f"{T}/{L.TRAINING_STEP}"))
@@ -412,6 +425,19 @@ class _Inspector:
         more = f" (and {len(self.problems) - 1} more problems)" if len(self.problems) > 1 else ""
         return Verdict(False, first_problem(self.problems).line + more)
 
+    def _state_pieces(self, ts: dict[str, Any] | None) -> list[PieceInfo]:
+        """Every piece of the layout table the folder holds: by its files, or its field of the record."""
+        if self.policy_folder:
+            return []  # the weights alone: no training state
+        held = []
+        for piece in state_pieces.state_pieces():
+            where = [file.path for file in piece.files if self._exists(file.path)]
+            if piece.record_field is not None and ts is not None and piece.record_field in ts:
+                where.append(f"{L.TRAINING_STEP}:{piece.record_field}")
+            if where:
+                held.append(PieceInfo(piece.name, where))
+        return held
+
     # --- small helpers ----------------------------------------------------------------
 
     def _is_peft(self, ts: dict[str, Any] | None) -> bool:
@@ -486,10 +512,6 @@ def _infos(header: dict[str, Any]) -> list[TensorInfo]:
         TensorInfo(name, e["dtype"], e["shape"], tensor_nbytes(e["dtype"], e["shape"]))
         for name, e in tensors(header).items()
     ]
-
-
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.1f} GB"
 
 
 def _file_size(path: Path) -> int:

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
-from lerobot_kit.core.config.foreign_config import lerobot_config_advice
-from lerobot_kit.core.config.validation_errors import file_line
 from lerobot_kit.core.errors import LerobotError
+from lerobot_kit.core.layout.foreign_config import lerobot_config_advice
 from lerobot_kit.core.layout.paths import DATASET_META, POLICY_CONFIG
+from lerobot_kit.core.layout.validation_lines import file_line
 
 if TYPE_CHECKING:
     from lerobot_kit.core.data.dataset import DatasetMeta

@@ -5,10 +5,9 @@ stay in ``train_config.json`` so a resume on another world size re-resolves them
 resolved ``ParallelDims`` go to ``training_step.json`` (``to_json``). This module is
 torch-free except ``build_mesh``, so planning and config code can use it without torch.
 
-The mesh has named axes, outermost first: ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``
-(ranks laid out row-major, as ``init_device_mesh`` does). Context and tensor parallelism
-are axes of degree 1 for now: they are validated and refused above 1, so that the
-data-parallel rank and world size are already read from the axes they will come from.
+The mesh has named axes, outermost first: ``dp_replicate``, ``dp_shard`` (ranks laid out
+row-major, as ``init_device_mesh`` does). Both are data-parallel, so a rank's position
+on the mesh is its data-parallel rank.
 
 Layouts: ``R`` = dp_replicate, ``S`` = dp_shard, ``R × S`` = world size.
 
@@ -30,10 +29,8 @@ from lerobot_kit.core.errors import ConfigError
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-MESH_AXES = ("dp_replicate", "dp_shard", "cp", "tp")  # outermost first
 MESH_DIMS_HSDP = ("dp_replicate", "dp_shard")
 MESH_DIMS_FSDP = ("dp_shard",)
-_NOT_YET = {"cp": "context parallelism", "tp": "tensor parallelism"}
 
 
 @dataclass(frozen=True)
@@ -41,8 +38,6 @@ class ParallelDims:
     dp_replicate: int
     dp_shard: int
     world_size: int
-    cp: int = 1
-    tp: int = 1
 
     @classmethod
     def resolve(cls, declared: ParallelismConfig, world_size: int) -> ParallelDims:
@@ -53,13 +48,6 @@ class ParallelDims:
         """
         if world_size < 1:
             raise ConfigError(f"world size must be at least 1, got {world_size}")
-        for axis, what in _NOT_YET.items():
-            degree = getattr(declared, axis)
-            if degree != 1:
-                raise ConfigError(
-                    f"--parallelism.{axis}={degree}: {what} is not supported yet, its degree must be 1 "
-                    "(only data parallelism: dp_replicate and dp_shard)"
-                )
         replicate, shard = declared.dp_replicate, declared.dp_shard
         if replicate is not None and replicate < 1:
             raise ConfigError(
@@ -110,25 +98,17 @@ class ParallelDims:
 
     def degrees(self) -> dict[str, int]:
         """Every mesh axis and its degree, outermost first."""
-        return {"dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "cp": self.cp, "tp": self.tp}
-
-    def coordinates(self, rank: int) -> dict[str, int]:
-        """Where global ``rank`` sits on each named axis: row-major, as ``init_device_mesh`` lays ranks out."""
-        if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} is outside a world of {self.world_size}")
-        coords: dict[str, int] = {}
-        for axis, degree in reversed(self.degrees().items()):
-            rank, coords[axis] = divmod(rank, degree)
-        return {axis: coords[axis] for axis in MESH_AXES}
+        return {"dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard}
 
     def dp_rank(self, rank: int) -> int:
         """The data-parallel index of global ``rank``: which slice of every batch it reads.
 
-        The flattened (dp_replicate, dp_shard) coordinate: ranks that differ only on the
-        cp or tp axes work on one model replica and must read the same samples.
+        The flattened (dp_replicate, dp_shard) coordinate, row-major as ``init_device_mesh``
+        lays ranks out: every axis is data-parallel, so it is the global rank itself.
         """
-        coords = self.coordinates(rank)
-        return coords["dp_replicate"] * self.dp_shard + coords["dp_shard"]
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} is outside a world of {self.world_size}")
+        return rank
 
     def to_json(self) -> dict[str, Any]:
         return {

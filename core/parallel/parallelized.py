@@ -71,10 +71,9 @@ class Parallelized:
         ``Policy.loss_weight``): averaged over data-parallel ranks, as gradients are, the
         scaled losses give the loss of one process on the whole global batch.
 
-        Summed over the whole world, not one data-parallel group: ranks that hold one
-        model replica (cp/tp) read the same samples, so each weight is counted once per
-        replica rank in the sum and once per replica rank in the world size. One scalar
-        all-reduce per micro-batch; a rank whose batch has no valid entry gets 0.
+        Summed over the whole world, which is the data-parallel group (every mesh axis is
+        data-parallel). One scalar all-reduce per micro-batch; a rank whose batch has no
+        valid entry gets 0.
         """
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return loss

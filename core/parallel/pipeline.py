@@ -2,8 +2,7 @@
 
 0. Wrap units — resolved once per run by ``wrap_units.resolve_wrap_units`` when the
    model is built (``core.run.assemble``), and handed in here as a value.
-1. Mesh — ``ParallelDims.build_mesh``: named axes dp_replicate, dp_shard, cp, tp (cp and
-   tp are refused above 1 when the degrees are resolved: no stage splits a model yet).
+1. Mesh — ``ParallelDims.build_mesh``: named axes dp_replicate, dp_shard.
 2. Activation checkpointing — each unit (``activation_checkpointing``), if enabled; a
    unit group through the method that runs it.
 3. Compile — each unit (``compile``), if enabled: after AC so the recomputation is

@@ -3,10 +3,11 @@
 A plugin registers its target as the object itself or as a ``"module:attribute"``
 string. Nothing is imported, and so nothing can be checked, until a run uses the
 name: that keeps ``lerobot --help`` and ``lerobot plugins`` free of torch. The
-contract's base class (``Policy`` and ``CheckpointFormat`` need torch) is therefore
-imported inside ``load``, next to the check. A target that fails to import, or is not
-what its contract asks for, is a ``PluginError`` naming the plugin and its package, so
-a user knows which package to fix, update or block.
+contracts' base classes live in the layers above (``Policy`` and ``CheckpointFormat``
+need torch), which declare them to ``core.registry.contracts``: the registry imports
+none of what it registers. A target that fails to import, or is not what its contract
+asks for, is a ``PluginError`` naming the plugin and its package, so a user knows which
+package to fix, update or block.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from lerobot_kit.core.config.schema import DatasetConfig, EnvConfig, PolicyConfig
 from lerobot_kit.core.errors import LerobotError, PluginError, first_line
+from lerobot_kit.core.registry.contracts import Contract, is_instance, is_subclass
 
 if TYPE_CHECKING:
     from lerobot_kit.core.checkpoint.weights import CheckpointFormat
+    from lerobot_kit.core.config.schema import DatasetConfig, EnvConfig, PolicyConfig
     from lerobot_kit.core.data.dataset import PolicyDataset
     from lerobot_kit.core.distributed.launcher import Launcher
     from lerobot_kit.core.eval.env import VectorEnv
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
 
 Kind = Literal["policy", "dataset", "checkpoint_format", "launcher", "env"]
 DISABLE_ENV = "LEROBOT_DISABLE_PLUGINS"
-DatasetFactory = Callable[[DatasetConfig, dict[str, list[int]]], "PolicyDataset"]
+DatasetFactory = Callable[["DatasetConfig", dict[str, list[int]]], "PolicyDataset"]
 
 
 @dataclass(frozen=True)
@@ -97,11 +99,11 @@ class Entry:
     def _label(self) -> str:
         return f"{self.kind.replace('_', ' ')} {self.name!r}"
 
-    def _class_of(self, base: type, wanted: str) -> type:
+    def _class_of(self, base: Contract) -> type:
         target = self._resolve()
-        if not (isinstance(target, type) and issubclass(target, base)):
-            raise self._refuse(target, wanted)
-        return target
+        if not is_subclass(target, base):
+            raise self._refuse(target, f"a subclass of lerobot_kit.api.{base}")
+        return target  # type: ignore[return-value]
 
 
 @dataclass
@@ -113,9 +115,7 @@ class PolicyEntry(Entry):
 
     def load(self) -> type[Policy]:
         """The policy class, a ``Policy`` subclass whose ``config_class`` accepts the registered config class."""
-        from lerobot_kit.core.model.policy import Policy
-
-        policy_class = self._class_of(Policy, "a subclass of lerobot_kit.api.Policy")
+        policy_class = self._class_of("Policy")
         accepted = getattr(policy_class, "config_class", None)
         if not (isinstance(accepted, type) and issubclass(self.config_class, accepted)):
             raise self._refuse(
@@ -147,10 +147,8 @@ class DatasetEntry(Entry):
 
     def build(self, config: DatasetConfig, delta_indices: dict[str, list[int]]) -> PolicyDataset:
         """Call the factory; what it returns must carry a ``DatasetMeta`` and map-style access."""
-        from lerobot_kit.core.data.dataset import DatasetMeta
-
         dataset = self._call(self.load(), config, delta_indices)
-        if not (isinstance(getattr(dataset, "meta", None), DatasetMeta)
+        if not (is_instance(getattr(dataset, "meta", None), "DatasetMeta")
                 and hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise PluginError(
                 f"{self.plugin.describe()}: the factory of {self._label()} returned {type(dataset).__name__}, "
@@ -164,9 +162,7 @@ class CheckpointFormatEntry(Entry):
     kind: ClassVar[Kind] = "checkpoint_format"
 
     def load(self) -> type[CheckpointFormat]:
-        from lerobot_kit.core.checkpoint.weights import CheckpointFormat
-
-        return self._class_of(CheckpointFormat, "a subclass of lerobot_kit.api.CheckpointFormat")
+        return self._class_of("CheckpointFormat")
 
     def create(self) -> CheckpointFormat:
         """An instance; formats take no arguments (an abstract method left unimplemented fails here)."""
@@ -185,9 +181,7 @@ class LauncherEntry(Entry):
 
     def load(self) -> type[Launcher]:
         """The launcher class, with the ``name`` and ``priority`` that order the detection."""
-        from lerobot_kit.core.distributed.launcher import Launcher
-
-        launcher = self._class_of(Launcher, "a subclass of lerobot_kit.api.Launcher")
+        launcher = self._class_of("Launcher")
         if not (isinstance(getattr(launcher, "name", None), str) and isinstance(getattr(launcher, "priority", None), int)):
             raise self._refuse(launcher, "a Launcher with a str `name` and an int `priority`")
         return launcher
@@ -202,13 +196,11 @@ class EnvEntry(Entry):
 
     def build(self, config: EnvConfig, num_envs: int) -> VectorEnv:
         """Call the factory; what it returns must be a ``VectorEnv`` of ``num_envs`` environments."""
-        from lerobot_kit.core.eval.env import VectorEnv
-
         factory = self._resolve()
         if not callable(factory):
             raise self._refuse(factory, "a callable factory(config, num_envs)")
         env = self._call(factory, config, num_envs)
-        if not (isinstance(env, VectorEnv) and env.num_envs == num_envs):
+        if not (is_instance(env, "VectorEnv") and env.num_envs == num_envs):  # type: ignore[attr-defined]
             raise PluginError(
                 f"{self.plugin.describe()}: the factory of {self._label()} returned {type(env).__name__}, "
                 f"which is not a lerobot_kit.api.VectorEnv of num_envs={num_envs} environments"
@@ -219,4 +211,4 @@ class EnvEntry(Entry):
 ENTRY_TYPES: dict[Kind, type[Entry]] = {
     entry.kind: entry for entry in (PolicyEntry, DatasetEntry, CheckpointFormatEntry, LauncherEntry, EnvEntry)
 }
-CONFIG_BASES: dict[Kind, type] = {"policy": PolicyConfig, "dataset": DatasetConfig, "env": EnvConfig}
+CONFIG_BASES: dict[Kind, Contract] = {"policy": "PolicyConfig", "dataset": "DatasetConfig", "env": "EnvConfig"}

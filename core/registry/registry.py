@@ -21,6 +21,7 @@ import pluggy
 
 from lerobot_kit.core.errors import PluginError
 from lerobot_kit.core.registry import hookspecs
+from lerobot_kit.core.registry.contracts import is_subclass
 from lerobot_kit.core.registry.entries import (
     CONFIG_BASES,
     DISABLE_ENV,
@@ -172,10 +173,10 @@ def _register_callback(kind: Kind, table: dict[str, Entry], info: PluginInfo) ->
             table[name] = entry_type(name, info, args[0])
             return
         config_class, target = args
-        if not (isinstance(config_class, type) and issubclass(config_class, config_base)):
+        if not is_subclass(config_class, config_base):
             raise PluginError(
                 f"{info.describe()}: the config class of {label} {name!r} is {config_class!r}, "
-                f"not a subclass of lerobot_kit.api.{config_base.__name__}"
+                f"not a subclass of lerobot_kit.api.{config_base}"
             )
         table[name] = entry_type(name, info, target, config_class)  # type: ignore[call-arg]
 

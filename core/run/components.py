@@ -6,18 +6,19 @@ signatures short. The checkpoint code gets only what it saves (``checkpoint_stat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from lerobot_kit.core.checkpoint.state import CheckpointState, JsonPiece, PretrainedFiles, RunFacts
+from lerobot_kit.core.checkpoint.state import CheckpointState, PretrainedFiles, RunFacts
+from lerobot_kit.core.checkpoint.stores import run_training_state
+from lerobot_kit.core.checkpoint.training_state import DataCursor
 from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.data.dataset import DatasetMeta
 from lerobot_kit.core.distributed.process_group import DistContext
-from lerobot_kit.core.layout import paths
 from lerobot_kit.core.layout.training_step import Topology
 from lerobot_kit.core.model.naming import ModelWeights
 from lerobot_kit.core.model.peft import model_weights
@@ -39,6 +40,7 @@ class RunComponents:
     preprocessor: PolicyProcessor
     postprocessor: PolicyProcessor
     meta: DatasetMeta
+    cursor: DataCursor = field(default_factory=DataCursor)  # where the data order stands; the trainer moves it
 
     @property
     def config(self) -> TrainConfig:
@@ -61,9 +63,8 @@ class RunComponents:
     def checkpoint_state(self) -> CheckpointState:
         """What this run's checkpoints save and a resume restores, as named pieces."""
         config = self.config
-        pieces = [JsonPiece(paths.SCHEDULER_STATE, ScheduleState(self.scheduler))]
-        if self.scaler is not None:
-            pieces.append(JsonPiece(paths.SCALER_STATE, self.scaler))
+        training = run_training_state(self.weights, self.optimizer, ScheduleState(self.scheduler), self.scaler,
+                                      self.cursor)
         facts = RunFacts(
             checkpoint_format=config.checkpoint_format,
             topology=Topology(**self.dims.to_json()),
@@ -73,5 +74,4 @@ class RunComponents:
             peft=self.spec.use_peft,
         )
         pretrained = PretrainedFiles(self.meta, self.preprocessor, self.postprocessor, self.spec.recorded_config())
-        return CheckpointState(self.ctx, self.output_dir, self.weights, self.optimizer, tuple(pieces), pretrained,
-                               facts)
+        return CheckpointState(self.ctx, self.output_dir, training, pretrained, facts)

@@ -9,7 +9,7 @@ started remembers its parent when ``train`` starts, and a thread compares it wit
 ``os.getppid()`` every ``POLL_S`` seconds. Once it differs, the rank sends itself the
 first of its stop signals (``--preemption.signals``), and the stop follows the path of
 a preemption (``preemption``): the ranks agree on a step, save there and exit with
-``STOPPED_EXIT_CODE`` (75), or, before the first step, exit with it at once. With no stop
+``EXIT_STOPPED`` (75), or, before the first step, exit with it at once. With no stop
 signal configured, SIGTERM ends the rank at once.
 
 ``PR_SET_PDEATHSIG`` would signal the rank without a thread, but it fires when the

@@ -6,7 +6,7 @@ A signal may reach one rank (``kill`` of a worker) or all of them at slightly di
 moments, so no rank may stop on its own: each rank only records the request, and once
 per step the ranks all-reduce (MAX) a flag on a gloo group of their own. Every rank reads
 the same result after the same step, so all stop there, write one checkpoint and exit
-with ``STOPPED_EXIT_CODE``; the restarted run continues from that checkpoint.
+with ``EXIT_STOPPED``; the restarted run continues from that checkpoint.
 
 The all-reduce of step k is started before step k and read before step k+1, so it runs
 while step k computes and never stalls the loop (nor, under NCCL, synchronises the GPU):
@@ -22,7 +22,7 @@ Before the first step there is nothing to save and no step boundary to wait for,
 start-up (building the dataset and its stats, the model, restoring a checkpoint) can take
 minutes: a request then stops the run at once. The handler, installed when ``train``
 starts (``core.run.guards.guarded_run``), raises ``StartupStopped`` wherever the process
-is, and the run ends with ``STOPPED_EXIT_CODE`` as after a stop at a step boundary: the
+is, and the run ends with ``EXIT_STOPPED`` as after a stop at a step boundary: the
 rerun starts where this one did.
 """
 
@@ -36,10 +36,8 @@ from types import FrameType
 from typing import Any
 
 from lerobot_kit.core.config.schema import PreemptionConfig
-from lerobot_kit.core.errors import LerobotError
+from lerobot_kit.core.errors import EXIT_STOPPED, LerobotError
 
-# sysexits.h EX_TEMPFAIL: "a temporary failure; the user is invited to retry".
-STOPPED_EXIT_CODE = 75
 REPEAT_GRACE_S = 2.0
 # The flag of a rank that could not write the run's output (``output_failures``): above
 # every signal number, so that the MAX of the ranks' flags says "failed" over "signalled".
@@ -49,7 +47,7 @@ OUTPUT_FAILED = 1 << 10
 class RunStopped(LerobotError):
     """The run stopped on a signal after saving; rerunning the same command continues it."""
 
-    exit_code = STOPPED_EXIT_CODE
+    exit_code = EXIT_STOPPED
 
 
 class StartupStopped(BaseException):

@@ -158,7 +158,7 @@ def prepare_run(
     start_step, position = 0, DataPosition()
     if spec.resume_from is not None:
         restored = restore_checkpoint(run.checkpoint_state, spec.resume_from)
-        start_step, position = restored.step, restored.position
+        start_step, position = restored.step, run.cursor.position
         for change in apply_optimizer_config(optimizer, scheduler, config.optimizer):
             logger.info(f"resume: {change} (the schedule continues from step {start_step} on the new base)")
         _warn_if_not_sample_exact(restored.record, spec)

@@ -30,6 +30,7 @@ from typing import Any
 from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.errors import CheckpointError, ConfigError
 from lerobot_kit.core.layout import paths
+from lerobot_kit.core.layout.json_file import read_json
 
 NEW_RUN = "or start a new run in another --output_dir (--policy.path=<this step folder> starts it from these weights)"
 
@@ -79,10 +80,7 @@ def _recorded_config(step_dir: Path) -> dict[str, Any] | None:
     file = step_dir / paths.PRETRAINED_DIR / paths.TRAIN_CONFIG
     if not file.is_file():
         return None
-    try:
-        recorded = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{file}: cannot be read as JSON ({exc}); the checkpoint is damaged") from exc
+    recorded = read_json(file, "the checkpoint is damaged")
     if not isinstance(recorded, dict):
         raise CheckpointError(f"{file}: not a JSON object; the checkpoint is damaged")
     return recorded

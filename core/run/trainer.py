@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from lerobot_kit.core.checkpoint.saver import CheckpointSaver, SaveSettings
+from lerobot_kit.core.data.loader import batch_to_device
 from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
 from lerobot_kit.core.distributed.process_group import all_reduce_mean
 from lerobot_kit.core.model.peft import unwrapped_policy
@@ -26,6 +27,7 @@ from lerobot_kit.core.model.policy import PER_SAMPLE_LOSS, Policy
 from lerobot_kit.core.parallel.precision import autocast_dtype
 from lerobot_kit.core.run.components import RunComponents
 from lerobot_kit.core.run.guards import LOOP_ERRORS, RunGuards
+from lerobot_kit.core.run.log_window import LogWindow
 from lerobot_kit.core.run.member_metrics import MemberMetrics
 from lerobot_kit.core.run.metrics_log import append_row, drop_rows_after
 from lerobot_kit.core.run.mfu import Utilization
@@ -64,7 +66,8 @@ class Trainer:
         self.batches = batches
         self.sampler = sampler
         self.step = start_step
-        self.position = position
+        self.cursor = run.cursor  # the data_position piece of every checkpoint
+        self.cursor.position = position
         config = run.config
         self.accumulation = config.accelerator.gradient_accumulation.steps
         self.amp_dtype = autocast_dtype(config.accelerator)
@@ -103,9 +106,9 @@ class Trainer:
         metrics, the global gradient norm (sync steps) and whether the update was applied."""
         run = self.run
         parallel, scaler, optimizer = run.parallel, run.scaler, run.optimizer
-        # Text (a frame's task) stays on the host; the policy's preprocessor tokenizes it.
-        batch = {k: v.to(run.ctx.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
-                 for k, v in batch.items()}
+        # Cameras become float on the device; text (a frame's task) stays on the host, where the
+        # policy's preprocessor tokenizes it.
+        batch = batch_to_device(batch, run.ctx.device, run.meta.image_keys())
         batch = run.preprocessor(batch)
         with contextlib.nullcontext() if sync else parallel.no_sync():
             with self._autocast():
@@ -154,70 +157,72 @@ class Trainer:
         run, config = self.run, self.run.config
         result = TrainResult(steps_done=self.step)
         progress = Progress(config.steps, self.step, enabled=run.ctx.is_main)
-        window: dict[str, torch.Tensor] = {}  # metric sums of applied updates since the last log
-        update: dict[str, torch.Tensor] = {}  # metric sums of this update's micro-batches so far
-        window_steps, metric_steps, update_steps = 0, 0, 0
-        window_start, grad_norm, data_wait = time.perf_counter(), None, 0.0
-        skipped_before = self.nonfinite.skipped
-        failures = self.guards.failures
+        window = LogWindow(skipped_before=self.nonfinite.skipped)
         if run.ctx.is_main:
-            with failures.recorded(METRICS_LOG):
+            with self.guards.failures.recorded(METRICS_LOG):
                 drop_rows_after(run.output_dir, self.step)  # a resume replays the steps after its checkpoint
         run.parallel.module.train()
         self.guards.start()
         while self.step < config.steps and not self.guards.stop_now():
-            self.guards.step_started(self.step + 1)
-            sync = self._is_sync_step(self.step)
-            wait_start = time.perf_counter()
-            batch = next(self.batches)
-            data_wait += time.perf_counter() - wait_start  # time the step waited for its batch (data_s)
-            loss, logs, norm, applied = self._train_step(batch, sync)
-            grad_norm = norm if norm is not None else grad_norm
-            self.step += 1
-            self.guards.step_finished(self.step)
-            self.position = self.sampler.advance(self.position, 1)
-            _add(update, {"loss": loss, **logs})
-            update_steps += 1
-            window_steps += 1
-            is_log_step = self.step % config.log_freq == 0 or self.step == config.steps
-            if sync or is_log_step:
-                if applied:  # a skipped update's metrics (non-finite) stay out of the log
-                    _add(window, update)
-                    metric_steps += update_steps
-                self.members.end_update(applied)
-                update, update_steps = {}, 0
-            if is_log_step:
-                local = {k: v.item() / metric_steps for k, v in window.items()}
-                means = all_reduce_mean(run.ctx, {**local, "data_s": data_wait / window_steps})
-                if not metric_steps:
-                    means["loss"] = math.nan  # every update of the window was skipped
-                elapsed = time.perf_counter() - window_start
-                means["samples_per_s"] = window_steps * self.global_batch / elapsed if elapsed > 0 else 0.0
-                if self.utilization is not None:
-                    means.update(self.utilization.row(means["samples_per_s"]))
-                means["lr"] = run.optimizer.param_groups[0]["lr"]
-                if grad_norm is not None:
-                    means["grad_norm"] = grad_norm
-                means["skipped_steps"] = self.nonfinite.skipped - skipped_before
-                means["step"] = self.step
-                means.update(self.members.window_row(run.ctx))  # collective; metrics.jsonl and tracker only
-                result.logged.append(means)
-                if run.ctx.is_main:
-                    progress.clear()
-                    self._log(means, progress)
-                    self._write_row(means)
-                window, window_steps, metric_steps, window_start, data_wait = {}, 0, 0, time.perf_counter(), 0.0
-                skipped_before = self.nonfinite.skipped
-            progress.update(self.step)
-            self.saver.poll()
-            if config.save_checkpoint and (self.step % config.save_freq == 0 or self.step == config.steps):
-                self._save()
-            hooks_start = time.perf_counter()
-            for hook in self.step_hooks:
-                row = hook(self.step)
-                if row is not None:
-                    self._write_row(row)
-            window_start += time.perf_counter() - hooks_start  # their time is not training throughput
+            self._loop_step(window, result, progress)
+        return self._end(result, progress)
+
+    def _loop_step(self, window: LogWindow, result: TrainResult, progress: Progress) -> None:
+        """One step of the loop: the micro-batch, then its log line, checkpoint and hooks when due."""
+        config = self.run.config
+        self.guards.step_started(self.step + 1)
+        sync = self._is_sync_step(self.step)
+        wait_start = time.perf_counter()
+        batch = next(self.batches)
+        window.data_wait += time.perf_counter() - wait_start  # time the step waited for its batch (data_s)
+        loss, logs, norm, applied = self._train_step(batch, sync)
+        window.grad_norm = norm if norm is not None else window.grad_norm
+        self.step += 1
+        self.guards.step_finished(self.step)
+        self.cursor.position = self.sampler.advance(self.cursor.position, 1)
+        window.add_micro_batch({"loss": loss, **logs})
+        is_log_step = self.step % config.log_freq == 0 or self.step == config.steps
+        if sync or is_log_step:
+            window.end_update(applied)  # a skipped update's metrics (non-finite) stay out of the log
+            self.members.end_update(applied)
+        if is_log_step:
+            result.logged.append(self._log_window(window, progress))
+        progress.update(self.step)
+        self.saver.poll()
+        if config.save_checkpoint and (self.step % config.save_freq == 0 or self.step == config.steps):
+            self._save()
+        hooks_start = time.perf_counter()
+        for hook in self.step_hooks:
+            row = hook(self.step)
+            if row is not None:
+                self._write_row(row)
+        window.start += time.perf_counter() - hooks_start  # their time is not training throughput
+
+    def _log_window(self, window: LogWindow, progress: Progress) -> dict[str, float]:
+        """The window's row, averaged over ranks (collective); the main process logs and writes it."""
+        run = self.run
+        means = all_reduce_mean(run.ctx, window.local_means())
+        if not window.metric_steps:
+            means["loss"] = math.nan  # every update of the window was skipped
+        means["samples_per_s"] = window.samples_per_s(self.global_batch)
+        if self.utilization is not None:
+            means.update(self.utilization.row(means["samples_per_s"]))
+        means["lr"] = run.optimizer.param_groups[0]["lr"]
+        if window.grad_norm is not None:
+            means["grad_norm"] = window.grad_norm
+        means["skipped_steps"] = self.nonfinite.skipped - window.skipped_before
+        means["step"] = self.step
+        means.update(self.members.window_row(run.ctx))  # collective; metrics.jsonl and tracker only
+        if run.ctx.is_main:
+            progress.clear()
+            self._log(means, progress)
+            self._write_row(means)
+        window.restart(self.nonfinite.skipped)
+        return means
+
+    def _end(self, result: TrainResult, progress: Progress) -> TrainResult:
+        """After the last step or an agreed stop: the stop's checkpoint, the pending save, the result."""
+        config = self.run.config
         stopped = self.guards.stopped_by
         if stopped is not None and config.save_checkpoint and self.step % config.save_freq:
             self._save()  # where every rank agreed to stop
@@ -240,7 +245,7 @@ class Trainer:
                 f"step {self.step}: a weight is not finite after the update; stopped without writing its "
                 "checkpoint, so checkpoints/last is unchanged; fix: lower --optimizer.lr"
             )
-        self.saver.save(self.step, self.position)
+        self.saver.save(self.step)
 
     def _write_row(self, row: dict[str, float]) -> None:
         """Main process: one row to ``logs/metrics.jsonl`` and the tracker. A refused write stops
@@ -267,9 +272,3 @@ class Trainer:
         parts.append(f"data_s {means['data_s']:.3f}")
         parts.append(f"eta {progress.eta(int(means['step']))}")
         logger.info(" | ".join(parts))
-
-
-def _add(into: dict[str, torch.Tensor], values: dict[str, torch.Tensor]) -> None:
-    """Per-key running sums of metric tensors (no device sync)."""
-    for key, value in values.items():
-        into[key] = into[key] + value if key in into else value

@@ -33,7 +33,7 @@ from lerobot_kit.core.errors import CheckpointError
 from lerobot_kit.core.layout.paths import DCP_MODEL_DIR, MODEL_WEIGHTS, PRETRAINED_DIR
 
 DATASET = ["--dataset.repo_id=user/ds", *TINY_ACT, "--steps=1", "--batch_size=2", "--num_workers=1"]
-BYTES = r"(?:\d+ bytes|[\d.]+ MB \(\d+ bytes\))"
+BYTES = r"(?:\d+ bytes|[\d.]+ [KMGT]iB \(\d+ bytes\))"
 
 
 def fill(disk: Path) -> None:

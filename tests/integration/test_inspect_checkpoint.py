@@ -25,12 +25,12 @@ from safetensors.torch import save_file
 from checkpoint_files import (
     STEP,
     optimizer_state,
-    save_optimizer_safetensors,
     toy_model,
     trained,
     write_checkpoint,
     write_json,
 )
+from lerobot_kit.core.checkpoint.training_state import save_full_optimizer
 from lerobot_kit.core.layout import paths as L
 from lerobot_kit.core.layout.manifest import write_manifest
 from lerobot_kit.core.layout.dcp_metadata import TORCH_DTYPE_ITEMSIZE, UnsafeMetadataError, read_dcp_metadata
@@ -79,7 +79,7 @@ def test_non_sharded_checkpoint_is_valid_and_listed(tmp_path: Path) -> None:
     assert "topology: ddp, world_size=2 (dp_replicate=2, dp_shard=1)" in out
     assert "weights gathered, optimizer safetensors" in out and "PEFT: no" in out
     assert "pretrained_model/model.safetensors" in out and "0.weight  F32" in out and "[3, 4]" in out
-    assert "4 tensors, 23 params, 92 B" in out  # 3x4 + 3 + 2x3 + 2
+    assert "4 tensors, 23 params, 92 bytes" in out  # 3x4 + 3 + 2x3 + 2
     assert "state.0.weight.exp_avg" in out
     assert "resumable: yes" in out and "loadable with --policy.path: yes" in out
     assert proc.stderr == ""
@@ -120,7 +120,7 @@ def test_a_policy_folder_on_its_own_is_checked_for_loading(tmp_path: Path, name:
     proc = run_cli(folder)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith(f"policy folder: {folder} (saved by save_pretrained, with no training state)")
-    assert f"{name}/model.safetensors" in proc.stdout and "4 tensors, 23 params, 92 B" in proc.stdout
+    assert f"{name}/model.safetensors" in proc.stdout and "4 tensors, 23 params, 92 bytes" in proc.stdout
     assert "resumable: no (a policy folder holds no training state" in proc.stdout
     code, report = run_json(folder)
     assert code == 0 and report["kind"] == "policy_folder" and report["step"] is None
@@ -264,7 +264,7 @@ def test_missing_and_short_dcp_shards(tmp_path: Path) -> None:
 def test_json_that_does_not_parse(tmp_path: Path, rel: str) -> None:
     step_dir = write_checkpoint(tmp_path)
     (step_dir / rel).write_text('{"type": "act",')
-    assert_fails_naming(step_dir, f"{rel}: not valid JSON: Expecting")
+    assert_fails_naming(step_dir, f"{rel}: not valid JSON (Expecting")
 
 
 @pytest.mark.parametrize(
@@ -309,7 +309,7 @@ def test_missing_files_and_bad_config(tmp_path: Path) -> None:
 def test_optimizer_state_of_anothertoy_model(tmp_path: Path) -> None:
     step_dir = write_checkpoint(tmp_path)
     other = toy_model(hidden=5)
-    save_optimizer_safetensors(optimizer_state(other, trained(other)), step_dir / L.TRAINING_STATE_DIR)
+    save_full_optimizer(optimizer_state(other, trained(other)), step_dir / L.TRAINING_STATE_DIR)
     assert_fails_naming(
         step_dir,
         "training_state/optimizer_state.safetensors: state of parameter 0.bias has shape [5], "
@@ -322,10 +322,10 @@ def test_optimizer_state_by_index_is_checked_by_shape(tmp_path: Path) -> None:
     assert inspect_checkpoint(step_dir).ok
     other = toy_model(hidden=5)
     state_dir = step_dir / L.TRAINING_STATE_DIR
-    save_optimizer_safetensors(optimizer_state(other, trained(other), "index"), state_dir)
+    save_full_optimizer(optimizer_state(other, trained(other), "index"), state_dir)
     assert_fails_naming(step_dir, "state of parameter 0 has shape [5, 4], which no (remaining) tensor of")
 
-    save_optimizer_safetensors(optimizer_state(toy_model(), trained(toy_model()), "index"), state_dir)
+    save_full_optimizer(optimizer_state(toy_model(), trained(toy_model()), "index"), state_dir)
     groups = state_dir / L.OPTIMIZER_PARAM_GROUPS
     write_json(groups, [{**json.loads(groups.read_text())[0], "params": [0, 1, 2]}])
     assert_fails_naming(

@@ -57,7 +57,7 @@ CASES = _cases()
 
 
 def test_every_file_of_the_table_is_covered() -> None:
-    assert {path for _, path in CASES} == {file.path for file in files.FILES}
+    assert {path for _, path in CASES} == {file.path for file in files.layout_files()}
 
 
 @pytest.mark.parametrize(("kind", "required"), CASES)

@@ -91,7 +91,7 @@ def test_resume_is_exact_across_an_epoch_boundary(tmp_path, rank_pools):
         (["--policy.dim_modl=3"], "did you mean --policy.dim_model?"),
         (["--steps=many"], "--steps: Input should be a valid integer"),
         (["--policy.type=nope"], "unknown policy 'nope'"),
-        (["--config_path=/does/not/exist.json"], "no such file"),
+        (["--config_path=/does/not/exist.json"], ": missing; "),
         (["--accelerator.gradient_accumulation.steps=2", "--save_freq=3"],
          "--save_freq=3 must be a multiple of --accelerator.gradient_accumulation.steps=2"),
     ],

@@ -31,6 +31,11 @@ STABLE = {
     "MEMBER_KEY", "missing_key", "PER_SAMPLE_LOSS", "MixtureDataset", "MixtureMember", "member_delta_indices",
     # A plugin's JSON-valued flags (the LeRobot plugin's --dataset.mixture), read as the config's own.
     "decode_json", "read_json_file", "UnusableJson",
+    # A plugin's own JSON files (the LeRobot plugin's dataset metadata): one line of its error each;
+    # byte counts in its messages, written as the core's are.
+    "read_json", "byte_size",
+    # Files a plugin hands a library (the LeRobot bridge's tokenizer folders): never a named pipe.
+    "open_regular", "NotRegularFile",
 }
 
 LAZY = {"Policy", "PolicyProcessor", "CheckpointFormat", "write_gathered", "write_shards", "load_any_weights", "read_safetensors",

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lerobot_kit.core.checkpoint.training_state import capture_rng, save_rng
+from lerobot_kit.core.checkpoint.training_state import capture_rng, save_per_rank
 from lerobot_kit.core.data.dataset import DatasetMeta, FeatureSpec
 from lerobot_kit.core.layout import paths
 from lerobot_kit.core.layout.file_rules import (
@@ -61,7 +61,7 @@ def test_the_schedules_state_and_damaged_ones() -> None:
 
 
 def test_every_ranks_random_state_and_damaged_ones(tmp_path: Path) -> None:
-    save_rng([capture_rng(), capture_rng()], tmp_path)
+    save_per_rank([capture_rng(), capture_rng()], tmp_path / paths.RNG_STATE)
     header = read_safetensors_header(tmp_path / paths.RNG_STATE)
     assert rng_problems(header) == []
     lacking = {k: v for k, v in header.items() if k != "rank1.numpy_gauss"}

@@ -209,7 +209,7 @@ def test_a_build_that_fills_the_disk_is_one_line_and_leaves_no_temporary_folder(
         assert line.startswith(f"{entry}: building the column cache of {root / 'data/chunk-000/file-000.parquet'} "
                                "failed: No space left on device (errno ENOSPC); it needs about ")
         assert f"the disk of {cache} has 0 bytes free; nothing of it was left: free space there" in line
-        needed = int(re.search(r"it needs about (?:[\d.]+ MB \()?(\d+) bytes", line).group(1))
+        needed = int(re.search(r"it needs about (?:[\d.]+ [KMGT]iB \()?(\d+) bytes", line).group(1))
 
         filler.unlink()
         assert dataset[0][STATE_KEY].shape == (4,) and IMAGE_KEY in dataset[0]

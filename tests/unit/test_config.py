@@ -56,7 +56,7 @@ def test_flags_override_the_config_file(tmp_path):
         (["--accelerator.mixed_precision=fp8"], "--accelerator.mixed_precision: Input should be 'no', 'bf16' or 'fp16'"),
         (["--policy.type=actt"], "--policy.type: unknown policy 'actt'. Did you mean 'act'?"),
         (["--checkpoint_format=dcpp"], "Did you mean 'dcp'?"),
-        (["--config_path=/nonexistent/x.json"], "--config_path=/nonexistent/x.json: no such file"),
+        (["--config_path=/nonexistent/x.json"], "--config_path=/nonexistent/x.json: missing"),
         (["--optimizer.lr=1e39"], "--optimizer.lr: Value error, 1e+39 is beyond float32's range (3.4e38)"),
         (["--optimizer.lr=nan"], "--optimizer.lr: Input should be a finite number"),
         (["--optimizer.betas=[0.9,1.5]"], "--optimizer.betas: Value error, each beta must lie in [0, 1), got [0.9, 1.5]"),

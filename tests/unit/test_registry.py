@@ -182,3 +182,13 @@ def test_a_config_class_that_is_not_a_config_is_refused_at_registration(
             get_registry()
     finally:
         sys.modules.pop("oddplug", None)
+
+
+def test_every_contract_the_registry_checks_is_declared_by_the_class_the_api_exports_under_its_name() -> None:
+    """The registry imports none of the layers it registers: each of them declares its base class to it
+    (``@contract``), so what the registry checks a target against is the API's class of that name."""
+    from lerobot_kit import api
+    from lerobot_kit.core.registry.contracts import CONTRACTS, declared
+
+    exported = {name: getattr(api, name) for name in CONTRACTS}  # imports each class, and so declares it
+    assert {name: declared(name) for name in CONTRACTS} == exported

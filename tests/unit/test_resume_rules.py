@@ -130,3 +130,29 @@ def test_without_last_a_resume_continues_from_the_newest_complete_step_folder(tm
             "(step 4); checkpoints/last is missing, so the newest complete step folder 000004 is used")
     restarted = resolve(*RUN_FLAGS, f"--output_dir={run}", restarts=Restarts(count=1))
     assert restarted.resume_from == run / "checkpoints/000004"
+
+
+def _with_retired_settings(run: Path, **parallelism: object) -> None:
+    """The run's recorded config as a version that had ``--parallelism.tp/cp`` and ``--optimizer.type`` wrote it."""
+    file = run / "checkpoints" / "last" / "pretrained_model" / "train_config.json"
+    recorded = json.loads(file.read_text())
+    recorded["parallelism"].update({"tp": 1, "cp": 1, **parallelism})
+    recorded["optimizer"]["type"] = "adamw"
+    file.write_text(json.dumps(recorded))
+
+
+def test_a_config_recording_the_retired_single_value_settings_still_resumes(tmp_path):
+    run = recorded_run(tmp_path, 2)
+    _with_retired_settings(run)
+    spec = resolve("--resume=true", config_of(run))
+    assert spec.resume_from == run / "checkpoints" / "000002"
+    recorded = spec.recorded_config()
+    assert "tp" not in recorded["parallelism"] and "cp" not in recorded["parallelism"]
+    assert "type" not in recorded["optimizer"]
+
+
+def test_a_retired_setting_with_another_value_is_refused_as_unknown(tmp_path):
+    run = recorded_run(tmp_path, 2)
+    _with_retired_settings(run, tp=2)
+    assert "parallelism.tp" in refusal("--resume=true", config_of(run))
+    assert "parallelism.tp" in refusal("--parallelism.tp=1")

@@ -64,26 +64,11 @@ def test_unsharded_layouts_have_no_mesh() -> None:
     assert ParallelDims(4, 1, 4).build_mesh("cpu") is None
 
 
-@pytest.mark.parametrize("axis", ["tp", "cp"])
-def test_tensor_and_context_parallel_degrees_must_be_one_for_now(axis: str) -> None:
-    with pytest.raises(ConfigError) as err:
-        ParallelDims.resolve(ParallelismConfig(**{axis: 2}), 4)
-    what = {"tp": "tensor", "cp": "context"}[axis]
-    assert str(err.value) == (
-        f"--parallelism.{axis}=2: {what} parallelism is not supported yet, its degree must be 1 "
-        "(only data parallelism: dp_replicate and dp_shard)"
-    )
-    assert ParallelDims.resolve(ParallelismConfig(**{axis: 1}), 4).degrees()[axis] == 1
-
-
 def test_data_parallel_rank_reads_the_named_axes_row_major() -> None:
-    """Ranks fill the mesh row-major over (dp_replicate, dp_shard, cp, tp), as init_device_mesh
-    does; ranks that differ only on cp/tp share a data-parallel rank (they read the same samples)."""
+    """Ranks fill the mesh row-major over (dp_replicate, dp_shard), as init_device_mesh does;
+    both axes are data-parallel, so each rank reads its own slice of every batch."""
     hsdp = ParallelDims(dp_replicate=2, dp_shard=2, world_size=4)
+    assert hsdp.degrees() == {"dp_replicate": 2, "dp_shard": 2}
     assert [hsdp.dp_rank(r) for r in range(4)] == [0, 1, 2, 3]
-    assert hsdp.coordinates(3) == {"dp_replicate": 1, "dp_shard": 1, "cp": 0, "tp": 0}
-    with_tp = ParallelDims(dp_replicate=1, dp_shard=2, world_size=8, cp=2, tp=2)
-    assert [with_tp.dp_rank(r) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
-    assert with_tp.coordinates(6) == {"dp_replicate": 0, "dp_shard": 1, "cp": 1, "tp": 0}
     with pytest.raises(ValueError, match="rank 4 is outside a world of 4"):
         hsdp.dp_rank(4)

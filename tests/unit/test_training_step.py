@@ -101,7 +101,7 @@ def test_missing_and_unparsable_records(tmp_path: Path) -> None:
     step_dir = _step_dir(tmp_path, RECORD.to_json())
     record = step_dir / paths.TRAINING_STATE_DIR / paths.TRAINING_STEP
     record.write_text('{"step": ')
-    with pytest.raises(CheckpointError, match=r"training_step.json: not valid JSON: .*; the file is corrupt"):
+    with pytest.raises(CheckpointError, match=r"training_step.json: not valid JSON \(.*; the file is corrupt"):
         read_training_step(step_dir)
     record.unlink()
     with pytest.raises(CheckpointError, match="training_step.json: missing; the checkpoint is incomplete"):

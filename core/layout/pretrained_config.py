@@ -20,9 +20,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from lerobot_kit.core.config.foreign_config import lerobot_config_advice
-from lerobot_kit.core.config.validation_errors import file_line
 from lerobot_kit.core.errors import LerobotError
+from lerobot_kit.core.layout.foreign_config import lerobot_config_advice
+from lerobot_kit.core.layout.validation_lines import file_line
 
 
 @dataclass(frozen=True)
