@@ -163,8 +163,6 @@ class MixtureDataset(PolicyDataset):
             wanted = local[slots].tolist()
             if not _reads_items(dataset):
                 read = [dataset[i] for i in wanted]
-            elif len(wanted) == 1:  # a random batch's usual share of a member: its one-item path costs less
-                read = [dataset.item(wanted[0], uint8_cameras=uint8_cameras)]
             else:
                 read = dataset.items(wanted, uint8_cameras=uint8_cameras)
             for slot, item in zip(slots, read):

@@ -51,6 +51,7 @@ from lerobot_kit.plugins.datasets.lerobot.meta import (
     INFO_FILE,
     EpisodeRow,
     LeRobotInfo,
+    VideoRef,
     read_episodes,
     read_info,
     read_stats,
@@ -92,6 +93,8 @@ class LeRobotDataset(PolicyDataset):
         self.windows = EpisodeWindows(np.array([row.length for row in episodes], dtype=np.int64))
         features = {key: source.spec for key, source in info.features.items()}
         self.delta_indices = expand_delta_indices(delta_indices, {k: f.is_image for k, f in features.items()})
+        self._layout = _ItemLayout(info, self.delta_indices)
+        self._video_paths: dict[tuple[str, int, int], Path] = {}
         self._in_file = {
             data_file: [row for row in all_episodes.values() if row.data_file == data_file]
             for data_file in {row.data_file for row in episodes}
@@ -125,39 +128,16 @@ class LeRobotDataset(PolicyDataset):
         return self.columns(row.data_file), np.arange(first, first + row.length)
 
     def item(self, i: int, *, uint8_cameras: bool = False) -> dict[str, torch.Tensor]:
-        import torch
-
-        i = self.windows.check_index(i)
-        position = self.windows.episode_of(i)
-        episode = self.episodes[position]
-        columns = self.columns(episode.data_file)
-        to_row = self._first_row[position] - self.windows.starts[position]  # frame number -> cache row
-        item: dict[str, torch.Tensor] = {}
-        for key, source in self.info.features.items():
-            offsets = self.delta_indices.get(key)
-            if offsets is None:
-                frames = np.array([i])
-            else:
-                frames, is_pad = self.windows.window(i, offsets)
-                item[pad_key(key)] = torch.from_numpy(is_pad)
-            rows = frames + to_row
-            if source.kind == "numeric":
-                value = torch.from_numpy(np.array(columns.numeric[key][rows]))
-            else:
-                value = channels_first(self.camera_frames(key, position, rows))
-                value = value if uint8_cameras else camera_to_float(value)
-            item[key] = value if offsets is not None else value[0]
-        item["episode_index"] = torch.tensor(episode.index, dtype=torch.int64)
-        item["index"] = torch.tensor(i, dtype=torch.int64)
-        self._add_tasks([item], columns, np.array([i + to_row]), np.array([episode.index]))
-        return item
+        return self.items([i], uint8_cameras=uint8_cameras)[0]
 
     def items(self, indices: list[int], *, uint8_cameras: bool = False) -> list[dict[str, torch.Tensor]]:
-        """``[self.item(i) for i in indices]``, with the items of one data file read together: one
-        gather per numeric column, and per camera one pass of the decoder over the frames each
-        video file holds (the cameras at once, on threads). Random sampling's items, one per
-        episode, cost one request per batch instead of one per item; block sampling (a run of
-        consecutive frames per request) turns into one sequential decode."""
+        """The items at ``indices``, those of one data file read together: one gather per numeric
+        column, and per camera one pass of the decoder over the frames each video file holds
+        (the cameras at once, on threads). Random sampling's items, one per episode, cost one
+        request per batch instead of one per item; block sampling (a run of consecutive frames
+        per request) turns into one sequential decode. A mixture hands each member its share
+        of a batch, often one item: the fixed cost of a request is kept to plain-Python work
+        where NumPy's per-call cost would exceed the work (``distinct``)."""
         frames = np.array([self.windows.check_index(i) for i in indices], dtype=np.int64)
         positions = np.searchsorted(self.windows.starts, frames, side="right") - 1
         by_file: dict[tuple[int, int], list[int]] = {}
@@ -173,30 +153,36 @@ class LeRobotDataset(PolicyDataset):
         self, data_file: tuple[int, int], frames: np.ndarray, positions: np.ndarray,
         items: list[dict[str, torch.Tensor]], uint8_cameras: bool,
     ) -> None:
+        """The items of one data file: every feature's frames worked out in one array op
+        (``_ItemLayout``), then one gather per numeric column and one read per camera."""
         import torch
 
+        layout = self._layout
         starts, ends = self.windows.starts[positions][:, None], self.windows.starts[positions + 1][:, None]
         to_row = self._first_row[positions][:, None] - starts  # frame number -> cache row, per item
         columns = self.columns(data_file)
-        wanted = {key: frames[:, None] + np.asarray(self.delta_indices.get(key, [0]))[None, :]
-                  for key in self.info.features}
-        rows = {key: np.clip(numbers, starts, ends - 1) + to_row for key, numbers in wanted.items()}
-        cameras = [key for key, source in self.info.features.items() if source.kind != "numeric"]
-        decoded = read_cameras(lambda key: self._camera_windows(key, positions, rows[key]), cameras,
-                               video.KEPT_DECODERS)
-        for key, source in self.info.features.items():
-            offsets = self.delta_indices.get(key)
-            if source.kind == "numeric":
-                gathered = np.asarray(columns.numeric[key][rows[key].ravel()])
-                values = torch.from_numpy(gathered.reshape(*rows[key].shape, *source.spec.shape))
-            else:
-                per_item = [channels_first(window) for window in decoded[key]]
-                values = per_item if uint8_cameras else [camera_to_float(v) for v in per_item]
-            pads = torch.from_numpy((wanted[key] < starts) | (wanted[key] >= ends))
-            for j, item in enumerate(items):
-                item[key] = values[j] if offsets is not None else values[j][0]
-                if offsets is not None:
-                    item[pad_key(key)] = pads[j]
+        wanted = frames[:, None] + layout.offsets
+        # np.minimum/np.maximum: np.clip's dispatch costs more than the clamp of a few frames.
+        rows = np.minimum(np.maximum(wanted, starts), ends - 1) + to_row
+        pads = ((wanted < starts) | (wanted >= ends)).tolist()
+        decoded = read_cameras(lambda key: self._camera_windows(key, positions, rows[:, layout.columns[key]]),
+                               layout.cameras, video.KEPT_DECODERS)
+        for key, where, pad_name in layout.numeric:
+            gathered = columns.numeric[key][rows[:, where].ravel()]
+            values = torch.from_numpy(gathered.reshape(len(items), -1, *gathered.shape[1:]))
+            per_item = values.unbind() if pad_name else values[:, 0].unbind()
+            for item, value in zip(items, per_item):
+                item[key] = value
+        for key, where, pad_name in layout.video_or_image:
+            for item, window in zip(items, decoded[key]):
+                value = channels_first(window)
+                value = value if uint8_cameras else camera_to_float(value)
+                item[key] = value if pad_name else value[0]
+        if layout.stacked:
+            flags = torch.tensor(pads, dtype=torch.bool).unbind()
+            for item, flag in zip(items, flags):
+                for key, where, pad_name in layout.stacked:
+                    item[pad_name] = flag[where]
         episode_indices = np.array([self.episodes[p].index for p in positions.tolist()], dtype=np.int64)
         # Views of one tensor each, as the padding flags: a tensor apiece costs more than the rest of a small item.
         for item, episode_tensor, index in zip(items, torch.from_numpy(episode_indices).unbind(),
@@ -213,18 +199,27 @@ class LeRobotDataset(PolicyDataset):
         groups: dict[Any, list[int]] = {}
         for j, position in enumerate(positions.tolist()):
             episode = self.episodes[position]
-            groups.setdefault(self.info.video_file(key, episode.videos[key]) if video_kind else position, []).append(j)
+            groups.setdefault(self._video_file(key, episode.videos[key]) if video_kind else position, []).append(j)
         out: list[list[np.ndarray]] = [[] for _ in positions]
+        width = rows.shape[1]
         for group, members in groups.items():
-            unique, inverse = np.unique(rows[members], return_inverse=True)
+            unique, inverse, first = distinct(rows[members].ravel().tolist())
             if video_kind:
-                episodes = positions[members][:, None].repeat(rows.shape[1], axis=1).ravel()
-                found = self._video_frames(group, key, unique, episodes[np.unique(inverse, return_index=True)[1]])
+                episodes = positions[[members[k // width] for k in first]]
+                found = self._video_frames(group, key, unique, episodes)
             else:
                 found = self.camera_frames(key, group, unique)
-            for j, ks in zip(members, inverse.reshape(len(members), -1).tolist()):
-                out[j] = [found[k] for k in ks]
+            for n, j in enumerate(members):
+                out[j] = [found[k] for k in inverse[n * width : (n + 1) * width]]
         return out
+
+    def _video_file(self, key: str, ref: VideoRef) -> Path:
+        """``info.video_file``, remembered: building the path costs more than a small frame's decode."""
+        where = (key, ref.chunk_index, ref.file_index)
+        path = self._video_paths.get(where)
+        if path is None:
+            path = self._video_paths[where] = self.info.video_file(key, ref)
+        return path
 
     def _video_frames(self, path: Path, key: str, rows: np.ndarray, positions: np.ndarray) -> list[np.ndarray]:
         """The frames of video ``path`` at cache rows ``rows`` (sorted, distinct), the ``positions[k]``-th
@@ -272,8 +267,41 @@ class LeRobotDataset(PolicyDataset):
         assert self._videos is not None and columns.timestamp is not None  # checked at construction
         ref = episode.videos[key]
         times = ref.from_timestamp + columns.timestamp[rows].astype(np.float64)
-        return self._videos.frames(self.info.video_file(key, ref), key, [episode.index] * len(times), times,
+        return self._videos.frames(self._video_file(key, ref), key, [episode.index] * len(times), times,
                                    source.spec.shape)
+
+
+class _ItemLayout:
+    """Where each feature's frames lie in one ``[items, frames]`` array of a request: every
+    feature's offsets side by side (``offsets``; ``[0]`` for a feature an item does not
+    stack), so a request works out all of its frames, clamps and padding flags in one array
+    op each instead of one per feature. ``columns[key]`` is the feature's slice of it;
+    numeric features, cameras and stacked features (with their padding flag's name) are
+    listed as ``(key, slice, padding flag name or "")``."""
+
+    def __init__(self, info: LeRobotInfo, delta_indices: dict[str, np.ndarray]) -> None:
+        own_frame = np.zeros(1, dtype=np.int64)
+        per_key = [delta_indices.get(key, own_frame) for key in info.features]
+        bounds = np.cumsum([0, *map(len, per_key)]).tolist()
+        self.offsets = np.concatenate(per_key)[None, :]
+        self.columns = {key: slice(bounds[k], bounds[k + 1]) for k, key in enumerate(info.features)}
+        listed = [(key, self.columns[key], pad_key(key) if key in delta_indices else "") for key in info.features]
+        self.numeric = [entry for entry in listed if info.features[entry[0]].kind == "numeric"]
+        self.video_or_image = [entry for entry in listed if info.features[entry[0]].kind != "numeric"]
+        self.cameras = [key for key, _, _ in self.video_or_image]
+        self.stacked = [entry for entry in listed if entry[2]]
+
+
+def distinct(values: list[int]) -> tuple[np.ndarray, list[int], list[int]]:
+    """The sorted distinct ``values``, each value's position among them, and the first position
+    in ``values`` of each distinct one: ``np.unique`` with ``return_inverse`` and
+    ``return_index``, in plain Python, which costs a tenth of it for the few values a request holds."""
+    unique = sorted(set(values))
+    where = {value: k for k, value in enumerate(unique)}
+    first: dict[int, int] = {}
+    for position, value in enumerate(values):
+        first.setdefault(value, position)
+    return np.array(unique, dtype=np.int64), [where[value] for value in values], [first[value] for value in unique]
 
 
 def channels_first(frames: list[np.ndarray]) -> torch.Tensor:

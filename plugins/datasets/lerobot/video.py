@@ -212,7 +212,7 @@ class VideoDecoders:
         copies into a ``channels_last`` batch (``core.data.loader.collate``); frames a
         decoder remembers may be handed out again, so they are never written to.
         """
-        wanted = np.unique(times)
+        wanted = np.array(sorted(set(times.tolist())))  # np.unique's dispatch costs more for a request's few times
 
         def episode_at(time: float) -> int:
             return episodes[int(np.argmin(np.abs(times - time)))]
