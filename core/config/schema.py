@@ -39,6 +39,10 @@ class PolicyConfig(Section):
     """
 
     resume_may_change: ClassVar[frozenset[str]] = frozenset({"repo_id", "push_to_hub", "private"})
+    # True where validating a checkpoint's config.json imports torch (a plugin that builds its
+    # model to check the weights): a torch-free reader such as inspect-checkpoint then runs
+    # the check in a child process.
+    validation_imports_torch: ClassVar[bool] = False
 
     type: str = Field("act", description="Policy type, from the plugin registry (`lerobot plugins`).")
     path: str | None = Field(

@@ -10,11 +10,19 @@ same in all of them, and the line naming the problem is the same line.
 
 A policy type that is not installed cannot tell, and is not a problem here: loading
 says so when it needs the type.
+
+A type whose check imports torch (``PolicyConfig.validation_imports_torch``: the LeRobot
+bridge builds LeRobot's config and its policy on the meta device) is checked in a child
+process when this one has not imported torch: ``inspect-checkpoint`` stays torch-free and
+fast to start, and gives the verdict the other readers give in their own process.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +43,14 @@ class ConfigProblem:
     damage: bool = True
 
 
-def pretrained_config_problem(folder: Path, saved: dict[str, Any]) -> ConfigProblem | None:
+# A check in a child process builds a policy on the meta device: seconds, minutes for none.
+CHILD_CHECK_TIMEOUT_S = 600
+
+
+def pretrained_config_problem(folder: Path, saved: dict[str, Any], *, here: bool = False) -> ConfigProblem | None:
     """The problem of ``saved``, the parsed ``config.json`` of the loadable ``folder``; None
-    when its policy type accepts it, or when no installed type can tell."""
+    when its policy type accepts it, or when no installed type can tell. ``here``: check in
+    this process whatever the type imports."""
     from lerobot_kit.core.registry.registry import get_registry
 
     registry = get_registry()
@@ -47,6 +60,8 @@ def pretrained_config_problem(folder: Path, saved: dict[str, Any]) -> ConfigProb
         config_class = registry.policy(str(policy_type)).config_class
     except LerobotError:
         return None
+    if not here and getattr(config_class, "validation_imports_torch", False) and "torch" not in sys.modules:
+        return problem_in_child(folder, saved)
     given = {"path": str(folder), "type": claimed} if claimed else saved
     try:
         validated = config_class.model_validate(given)
@@ -59,3 +74,33 @@ def pretrained_config_problem(folder: Path, saved: dict[str, Any]) -> ConfigProb
     folder_problem = getattr(validated, "pretrained_problem", None)
     line = folder_problem(folder) if callable(folder_problem) else None
     return ConfigProblem(line) if line else None
+
+
+def problem_in_child(folder: Path, saved: dict[str, Any]) -> ConfigProblem | None:
+    """``pretrained_config_problem`` run by ``python -m lerobot_kit.core.layout.pretrained_config``,
+    the parsed config handed over on stdin (the file is read once, by the caller's checks)."""
+    request = json.dumps({"folder": str(folder), "saved": saved})
+    command = [sys.executable, "-m", "lerobot_kit.core.layout.pretrained_config"]
+    try:
+        done = subprocess.run(command, input=request, capture_output=True, text=True,
+                              timeout=CHILD_CHECK_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise LerobotError(
+            f"{folder}: checking config.json against its policy type took over {CHILD_CHECK_TIMEOUT_S} s "
+            "in a child process; load the folder with --policy.path to see where it stops"
+        ) from exc
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        raise LerobotError(f"{folder}: checking config.json against its policy type failed in a child process: {last}")
+    answer = json.loads(done.stdout)
+    return None if answer is None else ConfigProblem(**answer)
+
+
+def _answer_request() -> None:
+    request = json.loads(sys.stdin.read())
+    found = pretrained_config_problem(Path(request["folder"]), request["saved"], here=True)
+    print(json.dumps(None if found is None else asdict(found)))
+
+
+if __name__ == "__main__":
+    _answer_request()

@@ -212,5 +212,17 @@ def _lerobot(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _inspected(folder: Path) -> dict:
-    """``lerobot inspect-checkpoint --json`` of ``folder``: its verdicts as a CI pipeline reads them."""
-    return json.loads(_lerobot("inspect-checkpoint", "--json", str(folder)).stdout)
+    """``lerobot inspect-checkpoint --json`` of ``folder``: its verdicts as a CI pipeline reads them.
+    The inspecting process never imports torch (the bridge's check of the folder runs in a
+    child process), which is asserted in it."""
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from lerobot_kit.cli.main import cli\n"
+        "done = CliRunner().invoke(cli, ['inspect-checkpoint', '--json', sys.argv[1]])\n"
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n"
+        "print(done.stdout)\n"
+    )
+    inspected = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, timeout=300)
+    assert inspected.returncode == 0, inspected.stderr[-3000:]
+    return json.loads(inspected.stdout)

@@ -58,6 +58,8 @@ class LerobotPolicyConfig(PolicyConfig):
     _files_digest: str | None = PrivateAttr(None)
     # How the VLAs' joint layers attend changes no weight: a resume may switch it.
     resume_may_change: ClassVar[frozenset[str]] = PolicyConfig.resume_may_change | {"attention"}
+    # LeRobot's config classes, and the policy built on meta to check the weights, import torch.
+    validation_imports_torch: ClassVar[bool] = True
 
     @classmethod
     def claims_pretrained(cls, saved: dict[str, Any]) -> bool:
