@@ -260,13 +260,20 @@ def test_the_recorded_folder_digest_is_no_flag(tmp_path: Path, dataset_root: Pat
     assert lines[0].startswith(f"error: {unknown}: unknown flag"), lines
 
 
+@pytest.mark.parametrize("key", [DIGEST_KEY, "files_digest"])
 def test_a_recorded_config_with_its_folder_digest_reads_back(tmp_path: Path, dataset_root: Path,
-                                                             vla_assets: Path) -> None:
+                                                             vla_assets: Path, key: str) -> None:
     """What ``--config_path=<step>/pretrained_model/train_config.json`` reads: the digest the run
-    recorded is dropped there, and the folder is digested again as it is now."""
+    recorded is dropped there, and the folder is digested again as it is now; also under the
+    key earlier runs recorded it as (``files_digest``), which a resume compares alike."""
+    from lerobot_kit_lerobot.files_digest import resume_views
+
     config = parse_train_config([*data(dataset_root), *tiny_pi(vla_assets)])
     recorded = config.model_dump(mode="json")
     assert recorded["policy"][DIGEST_KEY].startswith("sha256:")
-    (tmp_path / "train_config.json").write_text(json.dumps(recorded))
+    policy = {k: v for k, v in recorded["policy"].items() if k != DIGEST_KEY} | {key: recorded["policy"][DIGEST_KEY]}
+    (tmp_path / "train_config.json").write_text(json.dumps({**recorded, "policy": policy}))
     again = parse_train_config([f"--config_path={tmp_path / 'train_config.json'}"])
     assert again.model_dump(mode="json")["policy"] == recorded["policy"]
+    moved = {**recorded["policy"], "tokenizer_name": "/elsewhere/tokenizer"}  # the same files, another place
+    assert resume_views("tokenizer_name", moved, policy)[0] == resume_views("tokenizer_name", moved, policy)[1]

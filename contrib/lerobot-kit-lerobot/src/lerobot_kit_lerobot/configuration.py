@@ -29,7 +29,7 @@ from pydantic import Field, PrivateAttr, SerializerFunctionWrapHandler, create_m
 
 from lerobot_kit.api import PolicyConfig
 from lerobot_kit_lerobot.bridge_fields import EXTRA_FIELDS
-from lerobot_kit_lerobot.files_digest import DIGEST_KEY, FILES_FLAG, folder_digest, resume_views
+from lerobot_kit_lerobot.files_digest import DIGEST_KEY, FILES_FLAG, folder_digest, resume_views, without_digest
 from lerobot_kit_lerobot.folder_files import folder_files_problem
 from lerobot_kit_lerobot.policies import registered_name
 
@@ -98,8 +98,8 @@ class LerobotPolicyConfig(PolicyConfig):
     def _drop_recorded_digest(cls, data: Any) -> Any:
         """A recorded digest is of its run's folder at that run's start: a config read back from a
         ``train_config.json`` digests the folder it names now (``_digest_files``)."""
-        if isinstance(data, dict) and DIGEST_KEY in data:
-            return {key: value for key, value in data.items() if key != DIGEST_KEY}
+        if isinstance(data, dict):
+            return without_digest(data)
         return data
 
     @model_validator(mode="after")

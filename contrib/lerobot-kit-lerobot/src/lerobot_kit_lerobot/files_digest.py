@@ -32,6 +32,9 @@ from lerobot_kit.api import NotRegularFile, open_regular
 # LeRobot type -> the flag naming the folder of files LeRobot loads for it.
 FILES_FLAG = {"pi0": "tokenizer_name", "pi05": "tokenizer_name", "smolvla": "vlm_model_name"}
 DIGEST_KEY = "recorded.files_digest"
+# The key runs recorded it under before it was renamed (a name that reads as a flag): read alike
+# when it holds a digest; anything else under it stays an unknown flag.
+EARLIER_DIGEST_KEY = "files_digest"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf", ".npz")
 
 
@@ -73,12 +76,29 @@ def resume_views(
     digest, the flag's value stands for the folder's contents (the same files: no
     difference, wherever the folder is; other files: the paths with their digests, so the
     line naming the flag shows both); otherwise the values as they are."""
-    new_digest, old_digest = new.get(DIGEST_KEY), recorded.get(DIGEST_KEY)
-    new = {key: value for key, value in new.items() if key != DIGEST_KEY}
-    recorded = {key: value for key, value in recorded.items() if key != DIGEST_KEY}
+    new_digest, old_digest = recorded_digest(new), recorded_digest(recorded)
+    new, recorded = without_digest(new), without_digest(recorded)
     if flag is None or not (new_digest and old_digest and flag in new and flag in recorded):
         return new, recorded
     if new_digest == old_digest:
         return new, {**recorded, flag: new[flag]}
     return ({**new, flag: f"{new[flag]} (files {new_digest[:19]}…)"},
             {**recorded, flag: f"{recorded[flag]} (files {old_digest[:19]}…)"})
+
+
+def recorded_digest(section: dict[str, Any]) -> str | None:
+    """The folder digest a policy section records, under either key it has been recorded as."""
+    return next((section[key] for key in _digest_keys(section) if section[key]), None)
+
+
+def without_digest(section: dict[str, Any]) -> dict[str, Any]:
+    dropped = _digest_keys(section)
+    return {key: value for key, value in section.items() if key not in dropped}
+
+
+def _digest_keys(section: dict[str, Any]) -> list[str]:
+    earlier = section.get(EARLIER_DIGEST_KEY)
+    keys = [DIGEST_KEY] if DIGEST_KEY in section else []
+    if isinstance(earlier, str) and earlier.startswith("sha256:"):
+        keys.append(EARLIER_DIGEST_KEY)
+    return keys
