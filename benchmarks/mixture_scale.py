@@ -22,8 +22,14 @@ files in the page cache). Goal: ≥ 0.9. Random sampling draws each sample's mem
 afresh: a batch of 8 reads 8 members, one item each, where the single dataset reads its
 8 items together. The same rows at the size robots record: 2k frames of one 480×640
 camera in 20-frame episodes, a mixture of 100 members against one dataset (``--smoke``:
-200 frames of 48×64, 10 members), where decoding dominates and the memory bound on open
-decoders (128 MB: about 40 of 480×640) keeps fewer than half of them open.
+200 frames of 48×64, 10 members), where decoding dominates; the memory bound on open decoders (384 MB: about 125 of
+480×640) keeps all of them open.
+
+Beside each throughput layout, a diagnostic row (not judged): PyAV alone seeking, decoding
+and converting the same random frames, from the mixture's files in turn against the one
+dataset's file, every decoder open. Consecutive requests in different files find each
+decoder's pictures cold in the CPU's caches; that ratio is the ceiling decoding itself
+puts on the loader's, with no reader code involved.
 
 Every measured process starts under a soft open-file limit of 1024 (``OPEN_FILE_LIMIT``,
 many systems' default; the hard limit where that is lower), this one and the training
@@ -40,9 +46,10 @@ import json
 import os
 import resource
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from _common import (
     REPO,
@@ -216,6 +223,65 @@ def _throughput(ctx: Context, result: Result, layouts: Layouts, samples: int) ->
         ))
 
 
+def _decode_rate(files: list[Path], frames_per_file: int, fps: int, requests: int,
+                 opened: list[Any]) -> Callable[[], float]:
+    """Frames per CPU-second of PyAV alone — seek to a frame, decode to it, convert it to RGB
+    — at random frames of random ``files``, every file's decoder kept open: what decoding
+    the same frames costs when consecutive requests land in different files, whatever the
+    reader around it does. Appends the containers it opens to ``opened``, for the caller to close."""
+    import random
+
+    import av
+
+    first = len(opened)
+    for path in files:
+        container = av.open(str(path), format="mp4")
+        stream = container.streams.video[0]
+        stream.codec_context.thread_count = 1
+        opened.append((container, stream))
+    draw = random.Random(0)
+    plan = [(draw.randrange(len(files)), draw.randrange(frames_per_file)) for _ in range(requests)]
+
+    def rate() -> float:
+        start = time.process_time()
+        for which, frame in plan:
+            container, stream = opened[first + which]
+            container.seek(round(frame / fps / stream.time_base), backward=True, stream=stream)
+            for decoded in container.decode(stream):
+                if decoded.pts is not None and decoded.pts * stream.time_base >= frame / fps - 0.5 / fps:
+                    decoded.to_ndarray(format="rgb24")
+                    break
+        return requests / (time.process_time() - start)
+
+    return rate
+
+
+def _decode_floor(result: Result, layouts: Layouts, roots: dict[str, list[Path]], requests: int) -> None:
+    """The same random frames decoded by PyAV alone from the mixture's files (one per member)
+    and from the one dataset's file: the part of the loader's ratio that decoding itself
+    sets, with no reader code involved (each decoder's pictures are cold in the CPU's caches
+    when the next request lands in another file)."""
+    many, single = roots["many"], roots["single"]
+    fps = json.loads((single[0] / "meta" / "info.json").read_text())["fps"]
+    videos = [next(root.glob("videos/*/*/*.mp4")) for root in many]
+    member_frames = layouts.total // len(many)
+    opened: list[Any] = []
+    try:
+        spread = _decode_rate(videos, member_frames, fps, requests, opened)
+        one = _decode_rate([next(single[0].glob("videos/*/*/*.mp4"))], layouts.total, fps, requests, opened)
+        delivered, reference = alternate(4, spread, one)
+    finally:  # the loader rows after this keep up to 768 decoders open under the limit of 1024
+        for container, _ in opened:
+            container.close()
+    stats = paired(delivered, reference)
+    result.details[f"decode alone, {layouts.camera()}"] = {**stats, "mixture": delivered, "single": reference}
+    result.rows.append(Row(
+        f"decode alone (PyAV, no reader), random frames, {layouts.camera()} camera: {len(many)} member files in "
+        "turn vs one file", stats["ours"], stats["reference"], "frames/s", stats["ratio"], "", None,
+        "diagnostic, not judged: the ceiling decoding sets on the loader rows above; every decoder open",
+    ))
+
+
 @contextlib.contextmanager
 def _usual_open_file_limit() -> Iterator[dict[str, int]]:
     """This process, and the commands it starts, under a soft open-file limit of
@@ -240,7 +306,9 @@ def run(ctx: Context) -> Result:
     result.details["layouts"] = {"small": small.counts, "large": large.counts}
     with _usual_open_file_limit() as limits:
         result.details["open_file_limit"] = limits
+        _decode_floor(result, small, _datasets(ctx, small), ctx.pick(32, 2000))
         _throughput(ctx, result, small, ctx.pick(32, 2000))
+        _decode_floor(result, large, _datasets(ctx, large), ctx.pick(16, 400))
         _throughput(ctx, result, large, ctx.pick(16, 400))
         roots = _datasets(ctx, small)
         _scale(ctx, result, roots["few"], roots["many"])

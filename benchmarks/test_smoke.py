@@ -27,7 +27,8 @@ EXPECTED_ROWS = {
     "memory": ["fsdp2 param+grad+optim", "fsdp4 param+grad+optim", "hsdp2x2 param+grad+optim"],
     "loop_overhead": ["act step time"],
     "checkpoints": ["save, training blocked (--async_checkpoint=true): dcp"],
-    "mixture_scale": ["loader, random sampling", "loader, episode blocks sampling", "lerobot train --dataset.mixture"],
+    "mixture_scale": ["loader, random sampling", "loader, episode blocks sampling", "decode alone",
+                      "lerobot train --dataset.mixture"],
 }
 
 

@@ -59,8 +59,10 @@ TOLERANCE_FRAMES = 0.4
 FRAME_FORMATS = {1: "gray", 3: "rgb24"}
 # Files per process, all datasets together: three quarters of the open-file limit (768 of the usual 1024).
 MAX_OPEN_DECODERS = FileBudget(DECODER_SHARE)
-# Estimated memory of the open decoders per process: about 40 of 480×640, 580 of 96×96 (``decoder_bytes``).
-DECODER_MEMORY = 128 << 20
+# Estimated memory of the open decoders per process: about 125 of 480×640, 650 of 96×96 (``decoder_bytes``).
+# A mixture whose camera files outnumber them closes and reopens decoders, and opening one
+# (about 0.3 ms, and its first frames slower) costs a third of a 480×640 frame's decode.
+DECODER_MEMORY = 384 << 20
 # The most recently used decoders, never closed to make room: as many as the cameras a
 # request reads at once (``camera_threads``).
 KEPT_DECODERS = 8
@@ -328,11 +330,12 @@ class VideoDecoders:
 
 
 def decoder_bytes(shape: tuple[int, ...], keep: int) -> int:
-    """Estimated memory of an open decoder of ``[C, H, W]`` frames: the demuxer and decoder
-    state, the decoder's pictures (about 5 frames in 4:2:0, as measured of PyAV's AV1 and
-    H.264 decoders: 2 MB at 480×640), and the ``keep`` converted frames it remembers."""
+    """Estimated memory of an open decoder of ``[C, H, W]`` frames: its fixed state (about
+    0.5 MB) and pictures (about 3.5 frames in 4:2:0), as measured of PyAV's AV1 decoder
+    mid-stream (2.0 MB at 480×640, 0.52 MB at 96×96), and the ``keep`` converted frames it
+    remembers."""
     channels, height, width = shape
-    return (128 << 10) + 5 * height * width * 3 // 2 + keep * channels * height * width
+    return (512 << 10) + 7 * height * width * 3 // 4 + keep * channels * height * width
 
 
 def _within(sorted_times: list[float], time: float, tolerance: float) -> range:
