@@ -57,11 +57,11 @@ class RunFacts:
 
     @property
     def sharded(self) -> bool:
-        return self.topology.dp_shard > 1
+        return self.topology.sharded
 
     @property
     def dp_world_size(self) -> int:
-        return self.topology.dp_replicate * self.topology.dp_shard
+        return self.topology.dp_world_size
 
     def record(self, step: int, recorded: dict[str, Any]) -> TrainingStep:
         """``training_step.json`` of a checkpoint of ``step`` written by this run; ``recorded``: the

@@ -23,7 +23,7 @@ from lerobot_kit.core.errors import CheckpointError
 from lerobot_kit.core.layout import paths, state_pieces
 from lerobot_kit.core.layout.file_access import CheckpointAccessError, entry_mode, not_a_file_line
 from lerobot_kit.core.layout.layout_file import ALWAYS, CheckpointKind, LayoutFile
-from lerobot_kit.core.layout.training_step import TrainingStep, read_training_step
+from lerobot_kit.core.layout.training_step import TrainingStep, is_sharded, read_training_step
 
 P, T = paths.PRETRAINED_DIR, paths.TRAINING_STATE_DIR
 
@@ -80,7 +80,7 @@ def older_layout(step_dir: Path, dp_shard: int) -> tuple[str, str] | None:
     """``(file, why)`` when a step folder whose run had ``dp_shard`` ranks per shard group keeps
     a piece in a file the table says a sharded run keeps elsewhere (``sharded_instead``): the
     older layout LeRobot 0.6 wrote, whose weights load but which cannot be resumed. Else None."""
-    if dp_shard <= 1:
+    if not is_sharded(dp_shard):
         return None
     for file in layout_files():
         instead = file.sharded_instead

@@ -27,14 +27,32 @@ OPTIMIZER_KINDS = ("safetensors", "dcp")
 MIXED_PRECISION = ("no", "bf16", "fp16")
 
 
+def is_sharded(dp_shard: int) -> bool:
+    """Whether a run with ``dp_shard`` ranks per shard group shards its model (FSDP2).
+
+    The one rule: the run's ``ParallelDims``, the checkpoint writer, the resume and
+    ``inspect-checkpoint`` all ask it, so they cannot disagree on which files a checkpoint
+    holds. Here, at the bottom and torch-free, because ``inspect-checkpoint`` needs it too.
+    """
+    return dp_shard > 1
+
+
 @dataclass(frozen=True)
 class Topology:
-    """The layout that wrote the checkpoint (``ParallelDims.to_json``)."""
+    """The layout that wrote the checkpoint (``ParallelDims.topology``)."""
 
     world_size: int
     dp_replicate: int
     dp_shard: int
     layout: str
+
+    @property
+    def sharded(self) -> bool:
+        return is_sharded(self.dp_shard)
+
+    @property
+    def dp_world_size(self) -> int:
+        return self.dp_replicate * self.dp_shard
 
 
 @dataclass(frozen=True)
@@ -66,7 +84,7 @@ class TrainingStep:
 
     @property
     def sharded(self) -> bool:
-        return self.topology.dp_shard > 1
+        return self.topology.sharded
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

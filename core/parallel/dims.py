@@ -2,7 +2,7 @@
 
 The declared degrees (``--parallelism.dp_replicate/dp_shard``, possibly unset or ``-1``)
 stay in ``train_config.json`` so a resume on another world size re-resolves them; the
-resolved ``ParallelDims`` go to ``training_step.json`` (``to_json``). This module is
+resolved ``ParallelDims`` go to ``training_step.json`` (``topology``). This module is
 torch-free except ``build_mesh``, so planning and config code can use it without torch.
 
 The mesh has named axes, outermost first: ``dp_replicate``, ``dp_shard`` (ranks laid out
@@ -21,10 +21,11 @@ Layouts: ``R`` = dp_replicate, ``S`` = dp_shard, ``R × S`` = world size.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lerobot_kit.core.config.schema import ParallelismConfig
 from lerobot_kit.core.errors import ConfigError
+from lerobot_kit.core.layout.training_step import Topology, is_sharded
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -84,13 +85,13 @@ class ParallelDims:
     def layout(self) -> str:
         if self.world_size == 1:
             return "single"
-        if self.dp_shard == 1:
+        if not self.sharded:
             return "ddp"
         return "fsdp" if self.dp_replicate == 1 else "hsdp"
 
     @property
     def sharded(self) -> bool:
-        return self.dp_shard > 1
+        return is_sharded(self.dp_shard)
 
     @property
     def dp_world_size(self) -> int:
@@ -110,13 +111,11 @@ class ParallelDims:
             raise ValueError(f"rank {rank} is outside a world of {self.world_size}")
         return rank
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "world_size": self.world_size,
-            "dp_replicate": self.dp_replicate,
-            "dp_shard": self.dp_shard,
-            "layout": self.layout,
-        }
+    @property
+    def topology(self) -> Topology:
+        """What ``training_step.json`` records of these degrees."""
+        return Topology(world_size=self.world_size, dp_replicate=self.dp_replicate, dp_shard=self.dp_shard,
+                        layout=self.layout)
 
     @property
     def dp_mesh_axes(self) -> tuple[str, ...]:

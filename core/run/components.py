@@ -19,7 +19,6 @@ from lerobot_kit.core.checkpoint.training_state import DataCursor
 from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.data.dataset import DatasetMeta
 from lerobot_kit.core.distributed.process_group import DistContext
-from lerobot_kit.core.layout.training_step import Topology
 from lerobot_kit.core.model.naming import ModelWeights
 from lerobot_kit.core.model.peft import model_weights
 from lerobot_kit.core.model.processor import PolicyProcessor
@@ -67,7 +66,7 @@ class RunComponents:
                                       self.cursor)
         facts = RunFacts(
             checkpoint_format=config.checkpoint_format,
-            topology=Topology(**self.dims.to_json()),
+            topology=self.dims.topology,
             batch_size=config.batch_size,
             gradient_accumulation_steps=config.accelerator.gradient_accumulation.steps,
             mixed_precision=config.accelerator.mixed_precision,

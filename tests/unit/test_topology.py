@@ -6,6 +6,7 @@ import pytest
 
 from lerobot_kit.core.config.schema import ParallelismConfig
 from lerobot_kit.core.errors import ConfigError
+from lerobot_kit.core.layout.training_step import Topology
 from lerobot_kit.core.parallel.dims import ParallelDims
 
 
@@ -29,7 +30,8 @@ def test_resolve(replicate, shard, world, expected, layout) -> None:
     assert dims.layout == layout
     assert dims.sharded == (expected[1] > 1)
     assert dims.dp_world_size == world
-    assert dims.to_json() == {"world_size": world, "dp_replicate": expected[0], "dp_shard": expected[1], "layout": layout}
+    assert dims.topology == Topology(world_size=world, dp_replicate=expected[0], dp_shard=expected[1], layout=layout)
+    assert dims.topology.sharded == dims.sharded
 
 
 def test_product_mismatch_names_degrees_world_and_fix() -> None:
