@@ -1,1 +1,1 @@
-"""Parallelism: degrees and mesh, wrap units, the parallelize pipeline (FSDP2, DDP, activation checkpointing, compile), precision."""
+"""Parallelism: degrees and mesh, wrap units, ``parallelize`` (FSDP2, DDP, activation checkpointing, compile), precision."""

@@ -1,7 +1,7 @@
 """Wrap units: the submodules that are sharded, checkpointed and compiled one at a time.
 
-Resolved once per run by ``resolve_wrap_units`` into a ``WrapUnits`` value that the
-parallelize pipeline, ``lerobot plan`` and PEFT's dtype check all read, so each of them
+Resolved once per run by ``resolve_wrap_units`` into a ``WrapUnits`` value that
+``parallelize``, ``lerobot plan`` and PEFT's dtype check all read, so each of them
 refuses exactly what the run would. Units come from, in order:
 ``--accelerator.fsdp.wrap_modules`` > the policy's ``_fsdp_wrap_modules`` >
 ``--accelerator.fsdp.min_num_params``. A sharded run needs them (sharding only the root

@@ -1,7 +1,7 @@
 """Model FLOPs of one training sample, counted once before the first step, for MFU.
 
 MFU divides the model's own work by what the devices could do, so the work is counted on
-the policy as built, before the parallelize pipeline: forward and backward of one
+the policy as built, before ``parallelize``: forward and backward of one
 micro-batch at ``--batch_size``, divided by it, with no activation checkpointing
 recomputation, no compile fusion and no FSDP cast in it ("model FLOPs", not hardware
 FLOPs). ``torch.utils.flop_counter`` counts matrix products, convolutions and attention,

@@ -31,7 +31,7 @@ from lerobot_kit.core.distributed.process_group import (
 from lerobot_kit.core.errors import LerobotError
 from lerobot_kit.core.layout.training_step import TrainingStep
 from lerobot_kit.core.parallel.parallelized import Parallelized
-from lerobot_kit.core.parallel.pipeline import parallelize
+from lerobot_kit.core.parallel.parallelize import parallelize
 from lerobot_kit.core.parallel.precision import build_grad_scaler
 from lerobot_kit.core.run.assemble import build_model
 from lerobot_kit.core.run.banner import format_banner
@@ -219,7 +219,7 @@ def _parallel_model(
     without activation checkpointing's recomputation).
 
     Sharded runs materialise the full model on the main process only: the others build
-    it on the meta device, and the parallelize pipeline broadcasts the main process's
+    it on the meta device, and ``parallelize`` broadcasts the main process's
     weights into their shards. So initial weights equal a one-process run's with the same
     seed, and no other rank ever holds the whole model. Replicated layouts hold full
     copies anyway and build them on every rank from the same seed.

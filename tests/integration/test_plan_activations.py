@@ -43,7 +43,7 @@ from lerobot_kit.core.run.assemble import build_model  # noqa: E402
 from lerobot_kit.core.model.processor import make_processors  # noqa: E402
 from lerobot_kit.core.plan.memory_plan import plan_run  # noqa: E402
 from lerobot_kit.core.parallel.precision import autocast_dtype  # noqa: E402
-from lerobot_kit.core.parallel.pipeline import parallelize  # noqa: E402
+from lerobot_kit.core.parallel.parallelize import parallelize  # noqa: E402
 from lerobot_kit.core.run.spec import resolve_run  # noqa: E402
 
 # ACT on the reach task with its camera: a conv backbone, CVAE and transformer, small

@@ -32,7 +32,7 @@ from lerobot_kit.core.model.policy import make_policy  # noqa: E402
 from lerobot_kit.core.model.processor import make_processors  # noqa: E402
 from lerobot_kit.core.parallel.dims import ParallelDims  # noqa: E402
 from lerobot_kit.core.plan.memory_plan import plan_run  # noqa: E402
-from lerobot_kit.core.parallel.pipeline import parallelize  # noqa: E402
+from lerobot_kit.core.parallel.parallelize import parallelize  # noqa: E402
 from lerobot_kit.core.parallel.wrap_units import resolve_wrap_units  # noqa: E402
 from lerobot_kit.core.data.build import build_dataset  # noqa: E402
 from lerobot_kit.core.run.optim import build_optimizer  # noqa: E402

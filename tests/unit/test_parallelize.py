@@ -16,7 +16,7 @@ from lerobot_kit.core.config.schema import AcceleratorConfig, FSDPConfig, MixedP
 from lerobot_kit.core.distributed.process_group import DistContext
 from lerobot_kit.core.errors import ConfigError
 from lerobot_kit.core.parallel.dims import ParallelDims
-from lerobot_kit.core.parallel.pipeline import parallelize
+from lerobot_kit.core.parallel.parallelize import parallelize
 from lerobot_kit.core.parallel.precision import autocast_dtype, build_grad_scaler, build_mp_policy
 from lerobot_kit.core.parallel.wrap_units import WrapUnits, check_tied_weights, resolve_wrap_units
 

@@ -1,4 +1,4 @@
-"""The one place where parallelism is applied to a model, step by step, in this order.
+"""``parallelize``: the one place where parallelism is applied to a model, step by step, in this order.
 
 0. Wrap units — resolved once per run by ``wrap_units.resolve_wrap_units`` when the
    model is built (``core.run.assemble``), and handed in here as a value.
