@@ -38,8 +38,6 @@ from lerobot_kit.core.model.naming import FullNaming, ModelWeights, WeightNaming
 
 if TYPE_CHECKING:
     from lerobot_kit.core.model.policy import Policy
-    from lerobot_kit.core.parallel.dims import ParallelDims
-    from lerobot_kit.core.parallel.wrap_units import WrapUnits
 
 INSTALL_HINT = "pip install 'lerobot-kit[peft]'"
 ADAPTER_NAME = "default"  # peft's default; saved keys never contain it
@@ -161,40 +159,6 @@ def _check_matches(policy: nn.Module, pattern: list[str] | str, flag: str) -> No
             f"{flag}: {', '.join(repr(m) for m in missing)} matches no module of {type(policy).__name__} ({how}); "
             f"its layer names are: {', '.join(layers)}"
         )
-
-
-def align_trainable_dtypes(model: nn.Module, config: TrainConfig, dims: ParallelDims, wrap: WrapUnits) -> None:
-    """FSDP2 needs one dtype among each unit's trainable parameters.
-
-    Under mixed precision every trainable parameter becomes fp32 (autocast computes in
-    low precision anyway, and a loss scaler needs fp32 gradients). Without it a sharded
-    layout with mixed trainable dtypes in one unit is refused, naming the parameters:
-    casting them silently would change what the user asked to train.
-    """
-    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    if config.accelerator.mixed_precision != "no":
-        for _, param in trainable:
-            if param.dtype != torch.float32:
-                param.data = param.data.float()
-        return
-    if not dims.sharded:
-        return
-    ignored = set(wrap.ignored_params(model))
-    by_unit: dict[str, dict[torch.dtype, list[str]]] = {}
-    for name, param in trainable:
-        if param not in ignored:
-            by_unit.setdefault(wrap.unit_of(name), {}).setdefault(param.dtype, []).append(name)
-    for unit, dtypes in by_unit.items():
-        if len(dtypes) > 1:
-            listed = "; ".join(
-                f"{str(dtype).removeprefix('torch.')}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
-                for dtype, names in dtypes.items()
-            )
-            raise ConfigError(
-                f"FSDP unit {unit or '<root>'!r} has trainable parameters of different dtypes ({listed}); "
-                "FSDP2 shards a unit's trainable parameters as one dtype: set --accelerator.mixed_precision=bf16 "
-                "(trainable parameters are then kept in fp32), or give the base model one dtype"
-            )
 
 
 # --- stored naming ----------------------------------------------------------------------

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from lerobot_kit.core.data.dataset import DatasetMeta
+from lerobot_kit.core.parallel.trainable_dtypes import align_trainable_dtypes
 from lerobot_kit.core.parallel.wrap_units import WrapUnits, resolve_wrap_units
 from lerobot_kit.core.run.spec import RunSpec
 
@@ -23,7 +24,7 @@ from lerobot_kit.core.run.spec import RunSpec
 @dataclass(frozen=True)
 class BuiltModel:
     model: nn.Module
-    wrap: WrapUnits  # resolved here, once: the dtype check, the parallelize pipeline and the plan read it
+    wrap: WrapUnits  # resolved here, once: the dtype check, ``parallelize`` and the plan read it
 
 
 def build_model(spec: RunSpec, meta: DatasetMeta, device: torch.device) -> BuiltModel:
@@ -46,20 +47,18 @@ def build_model(spec: RunSpec, meta: DatasetMeta, device: torch.device) -> Built
         policy = make_policy(config.policy, meta)
     if config.policy.path and (spec.use_peft or not spec.resuming) and not on_meta:
         load_pretrained_weights(policy, Path(config.policy.path))
-    from lerobot_kit.core.model.peft import align_trainable_dtypes
-
     if not spec.use_peft:
         wrap = resolve_wrap_units(policy, spec.dims, config.accelerator, declared_wrap_modules(policy))
         # A policy stored in bf16 with some parameters kept in fp32 (LeRobot's π0.5 in its bf16
         # mode): trainable ones one dtype per unit, as FSDP2 needs; frozen ones keep their dtype.
-        align_trainable_dtypes(policy, config, spec.dims, wrap)
+        align_trainable_dtypes(policy, config.accelerator, spec.dims, wrap)
         return BuiltModel(policy, wrap)
     from lerobot_kit.core.model.peft import wrap_policy
 
     assert spec.peft_base is not None
     model = wrap_policy(policy, config.peft, spec.peft_base)
     wrap = resolve_wrap_units(model, spec.dims, config.accelerator, declared_wrap_modules(model))
-    align_trainable_dtypes(model, config, spec.dims, wrap)
+    align_trainable_dtypes(model, config.accelerator, spec.dims, wrap)
     return BuiltModel(model, wrap)
 
 

@@ -282,8 +282,9 @@ def _bf16_base_with_trained_norms(base: Path, mixed_precision: str):
     """A bf16 base with its LayerNorms trained in full: peft keeps LoRA in fp32 beside bf16 norm copies."""
     from lerobot_kit.core.checkpoint.pretrained import load_pretrained
     from lerobot_kit.core.config.schema import PeftConfig, TrainConfig
-    from lerobot_kit.core.model.peft import align_trainable_dtypes, base_path_of, wrap_policy
+    from lerobot_kit.core.model.peft import base_path_of, wrap_policy
     from lerobot_kit.core.parallel.dims import ParallelDims
+    from lerobot_kit.core.parallel.trainable_dtypes import align_trainable_dtypes
     from lerobot_kit.core.parallel.wrap_units import resolve_wrap_units
     from lerobot_kit.plugins.policies.act.modeling import ACTPolicy
 
@@ -294,7 +295,7 @@ def _bf16_base_with_trained_norms(base: Path, mixed_precision: str):
     config = TrainConfig.model_validate({"accelerator": {"mixed_precision": mixed_precision}})
     dims = ParallelDims(dp_replicate=1, dp_shard=2, world_size=2)
     wrap = resolve_wrap_units(model, dims, config.accelerator, ACTPolicy._fsdp_wrap_modules)
-    align_trainable_dtypes(model, config, dims, wrap)
+    align_trainable_dtypes(model, config.accelerator, dims, wrap)
     return model
 
 
