@@ -1,5 +1,5 @@
 """``lerobot convert-dcp``: a thin shell over
-``core.offline.convert`` and ``core.run.hub``.
+``core.offline.convert`` and ``core.run.publishing``.
 
 torch is imported only when the command runs, so ``convert-dcp --help`` stays fast.
 Boolean flags take ``=true/false/1/0`` like the train flags, and a bare ``--delete_dcp``
@@ -73,7 +73,7 @@ def command(checkpoint_dir: Path, delete_dcp: bool, overwrite: bool, push_to_hub
                 progress.end()
         click.echo(result.summary())
         if push_to_hub:
-            from lerobot_kit.core.run.hub import push_pretrained_dir
+            from lerobot_kit.core.run.publishing import push_pretrained_dir
 
             url = push_pretrained_dir(result.output.parent, push_to_hub, private)
             click.echo(f"pushed {result.output.parent} to {push_to_hub}: {url}")

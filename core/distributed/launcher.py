@@ -58,7 +58,7 @@ class LaunchEnv:
     agent_store: bool = False
     # The process's parent is the launcher itself (torchrun's agent, slurmstepd), whose death
     # leaves the process an orphan that nobody will stop or restart: it then stops at the next
-    # step boundary with a checkpoint (``core.run.launcher_watch``). False for a plain process,
+    # step boundary with a checkpoint (``core.run.reliability.launcher_watch``). False for a plain process,
     # whose parent is a shell that may end (``nohup``) while the run should go on.
     parent_is_launcher: bool = False
 

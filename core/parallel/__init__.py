@@ -1,1 +1,2 @@
-"""Parallelism: degrees and mesh, wrap units, ``parallelize`` (FSDP2, DDP, activation checkpointing, compile), precision."""
+"""Parallelism: degrees and mesh, wrap units, ``parallelize`` (FSDP2, DDP, activation checkpointing,
+compile), the trainable-dtype rule, precision."""

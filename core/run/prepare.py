@@ -30,24 +30,24 @@ from lerobot_kit.core.distributed.process_group import (
 )
 from lerobot_kit.core.errors import LerobotError
 from lerobot_kit.core.layout.training_step import TrainingStep
-from lerobot_kit.core.parallel.parallelized import Parallelized
 from lerobot_kit.core.parallel.parallelize import parallelize
+from lerobot_kit.core.parallel.parallelized import Parallelized
 from lerobot_kit.core.parallel.precision import build_grad_scaler
 from lerobot_kit.core.run.assemble import build_model
-from lerobot_kit.core.run.banner import format_banner
 from lerobot_kit.core.run.components import RunComponents
 from lerobot_kit.core.run.evaluation import evaluation_hooks
-from lerobot_kit.core.run.guards import EVERY_RANK_ERRORS, guarded_run
-from lerobot_kit.core.run.mfu import Utilization, device_peak
-from lerobot_kit.core.run.model_flops import SampleFlops, count_sample_flops
 from lerobot_kit.core.run.optim import build_optimizer, build_scheduler
-from lerobot_kit.core.run.output_lock import Claimant, OutputLock
-from lerobot_kit.core.run.preemption import run_stopped
-from lerobot_kit.core.run.publish import publish_final
-from lerobot_kit.core.run.resume_optim import apply_optimizer_config
-from lerobot_kit.core.run.rewind import discard_later_steps
+from lerobot_kit.core.run.output.lock import Claimant, OutputLock
+from lerobot_kit.core.run.publishing.end_of_run import publish_final
+from lerobot_kit.core.run.reliability.guards import EVERY_RANK_ERRORS, guarded_run
+from lerobot_kit.core.run.reliability.preemption import run_stopped
+from lerobot_kit.core.run.reporting.banner import format_banner
+from lerobot_kit.core.run.reporting.mfu import Utilization, device_peak
+from lerobot_kit.core.run.reporting.model_flops import SampleFlops, count_sample_flops
+from lerobot_kit.core.run.reporting.tracking import make_tracker
+from lerobot_kit.core.run.resume.optimizer_flags import apply_optimizer_config
+from lerobot_kit.core.run.resume.rewind import discard_later_steps
 from lerobot_kit.core.run.spec import Restarts, RunSpec, resolve_run
-from lerobot_kit.core.run.tracking import make_tracker
 from lerobot_kit.core.run.trainer import Trainer, TrainResult
 
 logger = logging.getLogger("lerobot_kit")
@@ -139,7 +139,7 @@ def prepare_run(
     """Everything before the loop; collective. Also the entry for tools that inspect a run:
     they pass no ``spec``, which is then agreed on here without the output folder's lock
     (they write nothing to the folder). ``count_flops``: the main process counts the
-    model's FLOPs per sample, for MFU (``core.run.model_flops``)."""
+    model's FLOPs per sample, for MFU (``core.run.reporting.model_flops``)."""
     from lerobot_kit.core.data.build import build_dataset
     from lerobot_kit.core.model.policy import make_policy_processors
 

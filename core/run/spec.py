@@ -25,9 +25,9 @@ from lerobot_kit.core.layout.files import resume_advice
 from lerobot_kit.core.layout.paths import later_steps, resumable_steps
 from lerobot_kit.core.layout.validate import check_loadable, check_resumable
 from lerobot_kit.core.parallel.dims import ParallelDims
-from lerobot_kit.core.run.output_dir import check_writable
-from lerobot_kit.core.run.output_lock import LOCK_FILE
-from lerobot_kit.core.run.resume_rules import check_resume_changes
+from lerobot_kit.core.run.output.lock import LOCK_FILE
+from lerobot_kit.core.run.output.writable import check_writable
+from lerobot_kit.core.run.resume.allowed_changes import check_resume_changes
 
 DEFAULT_OUTPUT_ROOT = Path("outputs/train")
 
@@ -87,7 +87,7 @@ def resolve_run(config: TrainConfig, world_size: int, restarts: Restarts = Resta
 
     ``claim_folder`` is called with the output folder as soon as it is chosen, before
     anything in it is read: ``lerobot train`` takes the folder's lock there
-    (``core.run.output_lock``), so that what the spec decides from the folder's
+    (``core.run.output.lock``), so that what the spec decides from the folder's
     checkpoints cannot change under it; ``lerobot plan`` passes none and writes nothing.
     """
     dims = ParallelDims.resolve(config.parallelism, world_size)

@@ -3,7 +3,7 @@
 One loop step = one micro-batch per data-parallel worker. Gradients are
 synchronised only on the last micro-batch of each accumulation window; the LR
 scheduler steps once per loop step (not after an update skipped for a non-finite
-loss, ``nonfinite``); metrics are averaged across ranks before the main process logs
+loss, ``reliability.nonfinite``); metrics are averaged across ranks before the main process logs
 them, leaving out the micro-batches of skipped updates.
 """
 
@@ -26,14 +26,14 @@ from lerobot_kit.core.model.peft import unwrapped_policy
 from lerobot_kit.core.model.policy import PER_SAMPLE_LOSS, Policy
 from lerobot_kit.core.parallel.precision import autocast_dtype
 from lerobot_kit.core.run.components import RunComponents
-from lerobot_kit.core.run.guards import LOOP_ERRORS, RunGuards
-from lerobot_kit.core.run.log_window import LogWindow
-from lerobot_kit.core.run.member_metrics import MemberMetrics
-from lerobot_kit.core.run.metrics_log import append_row, drop_rows_after
-from lerobot_kit.core.run.mfu import Utilization
-from lerobot_kit.core.run.nonfinite import NonFiniteError, NonFiniteGuard, weights_finite
-from lerobot_kit.core.run.progress import Progress
-from lerobot_kit.core.run.tracking import Tracker
+from lerobot_kit.core.run.reliability.guards import LOOP_ERRORS, RunGuards
+from lerobot_kit.core.run.reliability.nonfinite import NonFiniteError, NonFiniteGuard, weights_finite
+from lerobot_kit.core.run.reporting.log_window import LogWindow
+from lerobot_kit.core.run.reporting.member_metrics import MemberMetrics
+from lerobot_kit.core.run.reporting.metrics_log import append_row, drop_rows_after
+from lerobot_kit.core.run.reporting.mfu import Utilization
+from lerobot_kit.core.run.reporting.progress import Progress
+from lerobot_kit.core.run.reporting.tracking import Tracker
 
 logger = logging.getLogger("lerobot_kit")
 
@@ -45,7 +45,7 @@ class TrainResult:
     steps_done: int
     logged: list[dict[str, float]] = field(default_factory=list)
     last_checkpoint: str | None = None
-    stopped_by: str | None = None  # the signal the ranks stopped on (core.run.preemption), else None
+    stopped_by: str | None = None  # the signal the ranks stopped on (core.run.reliability.preemption), else None
 
 
 class Trainer:
@@ -87,7 +87,7 @@ class Trainer:
         self.step_hooks = list(step_hooks)
         # A mixture's members (``dataset.member_names()``): their samples and losses per log window.
         self.members = MemberMetrics(member_names, run.ctx.device)
-        # The main process's model FLOPs and device peak (core.run.mfu): model_tflops and mfu per row.
+        # The main process's model FLOPs and device peak (core.run.reporting.mfu): model_tflops and mfu per row.
         self.utilization = utilization
 
     def _is_sync_step(self, step: int) -> bool:
@@ -145,7 +145,7 @@ class Trainer:
         checkpoint that could not be written raises on every rank at once too, and a failed
         write that only the main process sees (the metrics log, the tracker, the publish of a
         background checkpoint) stops every rank at the next step boundary with
-        ``OutputWriteError`` (``output_failures``)."""
+        ``OutputWriteError`` (``output.failures``)."""
         try:
             return self._fit()
         except LOOP_ERRORS:
@@ -249,7 +249,7 @@ class Trainer:
 
     def _write_row(self, row: dict[str, float]) -> None:
         """Main process: one row to ``logs/metrics.jsonl`` and the tracker. A refused write stops
-        every rank at the next step boundary instead of this process alone (``output_failures``)."""
+        every rank at the next step boundary instead of this process alone (``output.failures``)."""
         failures = self.guards.failures
         with failures.recorded(METRICS_LOG):
             append_row(self.run.output_dir, row)

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import run_cli, tmpfs
 from lerobot_kit.core.errors import ConfigError
-from lerobot_kit.core.run.output_dir import check_writable
+from lerobot_kit.core.run.output.writable import check_writable
 
 pytestmark = pytest.mark.fast  # starts no training run: the inner loop (-m "not slow") runs it
 

@@ -447,7 +447,7 @@ def test_push_without_huggingface_hub_names_the_extra(tmp_path):
         import sys
         sys.modules["huggingface_hub"] = None  # as if the [hub] extra were not installed
         from lerobot_kit.core.errors import LerobotError
-        from lerobot_kit.core.run.hub import push_pretrained_dir
+        from lerobot_kit.core.run.publishing import push_pretrained_dir
         try:
             push_pretrained_dir({str(tmp_path)!r}, "user/tiny", False)
         except LerobotError as exc:

@@ -1,4 +1,4 @@
-"""A rank whose launcher dies stops by itself (``core.run.launcher_watch``): torchrun's agent,
+"""A rank whose launcher dies stops by itself (``core.run.reliability.launcher_watch``): torchrun's agent,
 started as a Kubeflow PyTorchJob pod starts it (the operator's ``PET_*`` variables, no
 flags), is SIGKILLed mid-run; both of its ranks, each in a session of its own and so
 reached by nothing, notice their new parent, agree on a step, save a checkpoint there and

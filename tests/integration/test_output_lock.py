@@ -35,7 +35,7 @@ ENDLESS = "--steps=100000"
 HOLDER = """
 import signal, sys, time
 from pathlib import Path
-from lerobot_kit.core.run.output_lock import Claimant, OutputLock
+from lerobot_kit.core.run.output.lock import Claimant, OutputLock
 lock = OutputLock(Claimant.current(restarting=False), heartbeat_s=0.5)
 lock.acquire(Path(sys.argv[1]))
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

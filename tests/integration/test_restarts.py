@@ -4,7 +4,7 @@ SIGTERM to rank 0 each end with weights bit-identical to the same run left alone
 Every run is the installed console script under torchrun (or, where one rank must be
 signalled by pid, as rank processes with torch's env:// variables); ``subprocess``
 timeouts and ``wait_ranks`` are the watchdogs. Faults are placed with the test-only
-``LEROBOT_KIT_FAULT`` (``core.run.fault_injection``): torch hooks, no branch in the loop.
+``LEROBOT_KIT_FAULT`` (``core.run.reliability.fault_injection``): torch hooks, no branch in the loop.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def test_two_process_job_is_one_trackio_run_with_the_logged_metrics(ddp_run):
 
 
 def test_rows_carry_model_tflops_per_device_and_mfu_over_the_given_peak(ddp_run):
-    """MFU (``core.run.mfu``), checked on this job's rows rather than on a run of its own: two
+    """MFU (``core.run.reporting.mfu``), checked on this job's rows rather than on a run of its own: two
     processes share out the throughput, and a given peak puts ``mfu`` in every training row."""
     out, _, proc = ddp_run
     banner = re.search(r"model FLOPs ([0-9.]+) ([KMG])FLOP per sample \(forward and backward\) \| peak 1 TFLOP/s "
@@ -114,7 +114,7 @@ def test_disabled_tracking_never_imports_trackio(tmp_path):
         import lerobot_kit.core.run.prepare
         from lerobot_kit.core.parallel.dims import ParallelDims
         from lerobot_kit.core.run.spec import RunSpec
-        from lerobot_kit.core.run.tracking import make_tracker
+        from lerobot_kit.core.run.reporting.tracking import make_tracker
         spec = RunSpec(TrainConfig(), ParallelDims(1, 1, 1), Path("x"), None, None)
         tracker = make_tracker(spec, DistContext(0, 0, 1, torch.device("cpu"), "single", None))
         tracker.log({{"loss": 1.0}}, 1)
@@ -143,7 +143,7 @@ SCENARIOS = READ_BACK + textwrap.dedent(
     from lerobot_kit.core.errors import ConfigError
     from lerobot_kit.core.parallel.dims import ParallelDims
     from lerobot_kit.core.run.spec import RunSpec
-    from lerobot_kit.core.run.tracking import make_tracker
+    from lerobot_kit.core.run.reporting.tracking import make_tracker
 
     ctx = DistContext(0, 0, 1, torch.device("cpu"), "single", None)
 

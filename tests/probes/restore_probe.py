@@ -18,7 +18,7 @@ from lerobot_kit.core.checkpoint.training_state import save_full_optimizer
 from lerobot_kit.core.distributed.process_group import init_distributed, shutdown
 from lerobot_kit.core.config.flags import parse_train_config
 from lerobot_kit.core.run.prepare import prepare_run, setup_logging
-from lerobot_kit.core.run.tracking import NullTracker
+from lerobot_kit.core.run.reporting.tracking import NullTracker
 from lerobot_kit.core.run.trainer import Trainer
 
 

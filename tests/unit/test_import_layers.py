@@ -258,3 +258,29 @@ def test_the_architecture_layer_table_is_the_declared_order_with_the_torch_each_
     assert [layer for layers, _ in rows for layer in layers] == CORE_LAYERS
     use = torch_use(REPO_TREE)
     assert {layer: torch for layers, torch in rows for layer in layers} == {layer: use[layer] for layer in CORE_LAYERS}
+
+
+# ``core/run``'s rooms, bottom first; "" is the run itself (``core/run/*.py``: the spec, assembly, the
+# loop), which may use every room. A room imports its own modules and those of the rooms below it, so
+# each can be read, and moved, without the loop.
+RUN = "lerobot_kit.core.run"
+RUN_ROOMS = ["output", "resume", "publishing", "reporting", "reliability", ""]
+
+
+def run_room_of(module: str) -> str:
+    """The room of a module of ``core/run``: its subpackage, or "" for the run's own modules."""
+    first = module[len(RUN) + 1:].split(".")[0] if module != RUN else ""
+    return first if first in RUN_ROOMS else ""
+
+
+def test_every_room_of_the_run_is_declared() -> None:
+    on_disk = {p.name for p in (REPO / "core" / "run").iterdir() if (p / "__init__.py").is_file()}
+    assert on_disk | {""} == set(RUN_ROOMS)
+
+
+def test_the_rooms_of_the_run_import_only_rooms_below_them() -> None:
+    modules = [m for m in sorted(REPO_TREE.modules) if m == RUN or m.startswith(RUN + ".")]
+    upward = [f"{module} imports {imported}" for module in modules for imported in sorted(REPO_TREE.imports_of(module))
+              if imported.startswith(RUN + ".")
+              and RUN_ROOMS.index(run_room_of(imported)) > RUN_ROOMS.index(run_room_of(module))]
+    assert upward == []

@@ -24,7 +24,7 @@ from lerobot_kit.core.data.dataset import ACTION_KEY, MEMBER_KEY
 from lerobot_kit.core.distributed.process_group import DistContext
 from lerobot_kit.core.model.policy import PER_SAMPLE_LOSS, make_policy
 from lerobot_kit.core.model.processor import make_processors
-from lerobot_kit.core.run.member_metrics import MemberMetrics
+from lerobot_kit.core.run.reporting.member_metrics import MemberMetrics
 from lerobot_kit.plugins.datasets.reach.data import make_reach_dataset
 from lerobot_kit.plugins.datasets.reach.plugin import ReachDatasetConfig
 from lerobot_kit.plugins.policies.act.configuration import ACTConfig

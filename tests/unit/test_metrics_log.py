@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lerobot_kit.core.run.metrics_log import append_row, drop_rows_after, metrics_path
+from lerobot_kit.core.run.reporting.metrics_log import append_row, drop_rows_after, metrics_path
 
 
 def steps(output_dir: Path) -> list[int]:

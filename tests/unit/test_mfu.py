@@ -19,8 +19,8 @@ from lerobot_kit.core.data.loader import collate
 from lerobot_kit.core.errors import ConfigError
 from lerobot_kit.core.model.policy import make_policy
 from lerobot_kit.core.model.processor import make_processors
-from lerobot_kit.core.run.mfu import Peak, Utilization, compute_precision, device_peak, known_peak_tflops
-from lerobot_kit.core.run.model_flops import SampleFlops, count_sample_flops, training_flops_per_sample
+from lerobot_kit.core.run.reporting.mfu import Peak, Utilization, compute_precision, device_peak, known_peak_tflops
+from lerobot_kit.core.run.reporting.model_flops import SampleFlops, count_sample_flops, training_flops_per_sample
 from lerobot_kit.plugins.datasets.reach.data import make_reach_dataset
 from lerobot_kit.plugins.datasets.reach.plugin import ReachDatasetConfig
 from lerobot_kit.plugins.policies.act.configuration import ACTConfig

@@ -15,8 +15,8 @@ from lerobot_dataset_factory import write_lerobot_dataset
 from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.distributed.process_group import DistContext
 from lerobot_kit.core.errors import ConfigError
-from lerobot_kit.core.run.fault_injection import Fault
-from lerobot_kit.core.run.nonfinite import NonFiniteError, NonFiniteGuard, weights_finite
+from lerobot_kit.core.run.reliability.fault_injection import Fault
+from lerobot_kit.core.run.reliability.nonfinite import NonFiniteError, NonFiniteGuard, weights_finite
 from lerobot_kit.plugins.datasets.lerobot.columns import is_cached
 from lerobot_kit.plugins.datasets.lerobot.files import LeRobotDatasetError
 from lerobot_kit.plugins.datasets.lerobot.plugin import LeRobotDatasetConfig

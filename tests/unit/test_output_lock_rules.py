@@ -1,4 +1,4 @@
-"""The output folder's lock (``core.run.output_lock``) on real files and real processes:
+"""The output folder's lock (``core.run.output.lock``) on real files and real processes:
 when a holder counts as gone (never while its process lives on this host), that of
 several runs finding one stale lock exactly one takes it, the heartbeat, that a refused
 or failed start leaves the folder as it was, that anything but a regular file at the
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from lerobot_kit.core.run.output_lock import (
+from lerobot_kit.core.run.output.lock import (
     ABANDONED_TAKEOVER_S,
     LOCK_FILE,
     STALE_AFTER_S,
@@ -223,7 +223,7 @@ def test_a_live_holder_on_this_host_keeps_its_lock_however_old_its_heartbeat_unl
 CLAIM = """
 import json, logging, os, pwd, sys, time
 from pathlib import Path
-from lerobot_kit.core.run.output_lock import Claimant, LockPathError, OutputLock, OutputLockedError
+from lerobot_kit.core.run.output.lock import Claimant, LockPathError, OutputLock, OutputLockedError
 logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
 if len(sys.argv) > 3:
     user = pwd.getpwnam(sys.argv[3])

@@ -9,7 +9,7 @@ import pytest
 
 from fake_hub import serve_fake_hub
 from lerobot_kit.core.config.schema import TrainConfig
-from lerobot_kit.core.run.publish import publish_final
+from lerobot_kit.core.run.publishing.end_of_run import publish_final
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Flags on resume (``core.run.resume_rules`` through ``resolve_run``): what may change, what is
+"""Flags on resume (``core.run.resume.allowed_changes`` through ``resolve_run``): what may change, what is
 refused in one line, and which step a resume picks, on run folders holding recorded configs."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Stop handlers installed for start-up (``core.run.preemption``, ``core.run.guards``), with
+"""Stop handlers installed for start-up (``core.run.reliability.preemption``, ``core.run.reliability.guards``), with
 real signals sent to this process: a request stops start-up at once, the loop takes the
 same handlers over, and a run that ended on an agreed stop ignores signals while it exits."""
 
@@ -10,7 +10,7 @@ import signal
 import pytest
 
 from lerobot_kit.core.config.schema import PreemptionConfig
-from lerobot_kit.core.run.preemption import StartupStopped, StopSignals, installed_stop_signals
+from lerobot_kit.core.run.reliability.preemption import StartupStopped, StopSignals, installed_stop_signals
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Stop requests (``core.run.preemption``), the test-only fault spec and the recognition of
+"""Stop requests (``core.run.reliability.preemption``), the test-only fault spec and the recognition of
 a full disk, with real signals sent to real processes."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from lerobot_kit.core.checkpoint.disk_space import is_disk_full, root_error
 from lerobot_kit.core.config.flags import parse_train_config
 from lerobot_kit.core.config.schema import PreemptionConfig
 from lerobot_kit.core.errors import ConfigError
-from lerobot_kit.core.run.fault_injection import Fault
-from lerobot_kit.core.run.preemption import StopAgreement, StopSignals
+from lerobot_kit.core.run.reliability.fault_injection import Fault
+from lerobot_kit.core.run.reliability.preemption import StopAgreement, StopSignals
 
 
 def test_the_first_signal_is_recorded_and_a_relayed_copy_is_ignored():
@@ -41,7 +41,7 @@ def test_a_second_signal_after_the_grace_period_ends_the_process_at_once():
     program = textwrap.dedent("""
         import os, signal, time
         from lerobot_kit.core.config.schema import PreemptionConfig
-        from lerobot_kit.core.run.preemption import StopSignals
+        from lerobot_kit.core.run.reliability.preemption import StopSignals
         requests = StopSignals(PreemptionConfig(), rank=3)
         requests.install()
         os.kill(os.getpid(), signal.SIGTERM)

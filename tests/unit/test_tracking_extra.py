@@ -12,8 +12,8 @@ from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.distributed.process_group import DistContext
 from lerobot_kit.core.errors import ConfigError
 from lerobot_kit.core.parallel.dims import ParallelDims
+from lerobot_kit.core.run.reporting.tracking import NullTracker, make_tracker
 from lerobot_kit.core.run.spec import RunSpec
-from lerobot_kit.core.run.tracking import NullTracker, make_tracker
 
 
 def _single_process(config: TrainConfig, output_dir: Path) -> tuple[RunSpec, DistContext]:

@@ -16,7 +16,7 @@ one error line naming the flag and the fix:
 - ``output_dir``: a resumed run continues in its own folder.
 
 Everything else takes effect: the optimizer's hyperparameters are applied over the
-restored state (``resume_optim``), the schedule is rebuilt from the flags at the restored
+restored state (``resume.optimizer_flags``), the schedule is rebuilt from the flags at the restored
 step, and the topology, batch size, steps, saving, logging and evaluation are the new
 run's own.
 """

@@ -15,7 +15,7 @@ from pathlib import Path
 from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.distributed.process_group import DistContext
 from lerobot_kit.core.layout.paths import PRETRAINED_DIR
-from lerobot_kit.core.run.hub import PUSH_IGNORE_PATTERNS, push_pretrained_dir
+from lerobot_kit.core.run.publishing.hub_upload import PUSH_IGNORE_PATTERNS, push_pretrained_dir
 
 logger = logging.getLogger("lerobot_kit")
 

@@ -28,7 +28,7 @@ import threading
 from collections.abc import Mapping
 
 from lerobot_kit.core.errors import LerobotError
-from lerobot_kit.core.run.preemption import StopSignals
+from lerobot_kit.core.run.reliability.preemption import StopSignals
 
 POLL_S = 0.5
 

@@ -2,7 +2,7 @@
 
 Sums stay on the device (no sync per step). The micro-batches of an update are summed
 apart until the update ends: an applied update joins the window, a skipped one
-(non-finite, ``nonfinite``) is left out, so the logged means are those of applied updates.
+(non-finite, ``reliability.nonfinite``) is left out, so the logged means are those of applied updates.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from lerobot_kit.core.version import package_version
 if TYPE_CHECKING:
     from lerobot_kit.core.config.schema import TrainConfig
     from lerobot_kit.core.run.components import RunComponents
-    from lerobot_kit.core.run.mfu import Utilization
+    from lerobot_kit.core.run.reporting.mfu import Utilization
 
 
 def _count(n: int) -> str:

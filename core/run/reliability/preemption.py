@@ -21,7 +21,7 @@ without a checkpoint (the previous one stays intact).
 Before the first step there is nothing to save and no step boundary to wait for, while
 start-up (building the dataset and its stats, the model, restoring a checkpoint) can take
 minutes: a request then stops the run at once. The handler, installed when ``train``
-starts (``core.run.guards.guarded_run``), raises ``StartupStopped`` wherever the process
+starts (``core.run.reliability.guards.guarded_run``), raises ``StartupStopped`` wherever the process
 is, and the run ends with ``EXIT_STOPPED`` as after a stop at a step boundary: the
 rerun starts where this one did.
 """
@@ -39,7 +39,7 @@ from lerobot_kit.core.config.schema import PreemptionConfig
 from lerobot_kit.core.errors import EXIT_STOPPED, LerobotError
 
 REPEAT_GRACE_S = 2.0
-# The flag of a rank that could not write the run's output (``output_failures``): above
+# The flag of a rank that could not write the run's output (``output.failures``): above
 # every signal number, so that the MAX of the ranks' flags says "failed" over "signalled".
 OUTPUT_FAILED = 1 << 10
 

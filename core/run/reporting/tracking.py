@@ -24,11 +24,13 @@ import os
 import re
 import warnings
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lerobot_kit.core.distributed.process_group import DistContext, broadcast_object
 from lerobot_kit.core.errors import ConfigError
-from lerobot_kit.core.run.spec import RunSpec
+
+if TYPE_CHECKING:
+    from lerobot_kit.core.run.spec import RunSpec
 
 logger = logging.getLogger("lerobot_kit")
 

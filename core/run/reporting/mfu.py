@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from lerobot_kit.core.config.schema import AcceleratorConfig
-from lerobot_kit.core.run.model_flops import SampleFlops
+from lerobot_kit.core.run.reporting.model_flops import SampleFlops
 
 PEAK_FLAG = "--accelerator.peak_tflops"
 

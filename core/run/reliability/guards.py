@@ -2,7 +2,7 @@
 
 The loop asks ``stop_now`` before each step and reports ``step_started`` /
 ``step_finished``; behind them sit the stop-on-signal agreement (``preemption``), which
-also stops every rank when one could not write the run's output (``output_failures``),
+also stops every rank when one could not write the run's output (``output.failures``),
 the hang watchdog (``watchdog``) and, in tests only, fault injection (``fault_injection``).
 So the loop stays one straight path, and each concern is a module of its own.
 
@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 
 from lerobot_kit.core.checkpoint.disk_space import DiskFullError
 from lerobot_kit.core.checkpoint.write_failures import CheckpointWriteError
-from lerobot_kit.core.run import fault_injection
-from lerobot_kit.core.run.launcher_watch import LauncherWatch
-from lerobot_kit.core.run.nonfinite import NonFiniteError
-from lerobot_kit.core.run.output_failures import OutputFailures, OutputWriteError
-from lerobot_kit.core.run.preemption import (
+from lerobot_kit.core.run.output.failures import OutputFailures, OutputWriteError
+from lerobot_kit.core.run.reliability import fault_injection
+from lerobot_kit.core.run.reliability.launcher_watch import LauncherWatch
+from lerobot_kit.core.run.reliability.nonfinite import NonFiniteError
+from lerobot_kit.core.run.reliability.preemption import (
     RunStopped,
     StartupStopped,
     StopAgreement,
@@ -31,7 +31,7 @@ from lerobot_kit.core.run.preemption import (
     installed_stop_signals,
     startup_stopped,
 )
-from lerobot_kit.core.run.watchdog import StepWatchdog
+from lerobot_kit.core.run.reliability.watchdog import StepWatchdog
 
 if TYPE_CHECKING:
     from lerobot_kit.core.config.schema import TrainConfig

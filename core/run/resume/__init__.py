@@ -1,0 +1,5 @@
+"""Continuing a run from a checkpoint: which changed flags a resume accepts, the optimizer's
+hyperparameters taken from the flags, and ``--resume_from`` dropping later steps.
+
+The checkpoint code restores state; what a resume may change is the run's decision, kept here.
+"""
