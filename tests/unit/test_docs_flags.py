@@ -42,6 +42,7 @@ PAGE_COMMANDS: dict[str, tuple[str, ...]] = {
     "docs/planning.md": ("plan", "train"),
     "docs/checkpoints.md": ("train", "convert-dcp", "inspect-checkpoint"),
     "docs/reliability.md": ("train", "plan", "eval", "convert-dcp", "inspect-checkpoint", "benchmarks"),
+    "docs/fault-injection.md": ("train", "benchmarks"),
     "docs/peft.md": ("train", "convert-dcp"),
     "docs/evaluation.md": ("eval", "train"),
     "docs/plugins.md": ("train", "plugins", "inspect-checkpoint", "convert-dcp"),

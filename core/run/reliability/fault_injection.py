@@ -1,36 +1,11 @@
-"""Test-only: make one rank die, hang or compute NaN at a chosen point of a chosen step.
+"""``LEROBOT_KIT_FAULT``: make one rank die, hang or compute NaN at a chosen point of a chosen step.
 
-The crash-safety claims (a rank killed anywhere, the run restarts and ends bit-identical
-to an uninterrupted one; a hung rank is reported and ended; a NaN stops or skips the step
-on every rank) are checked by failing real processes at real points of the loop. Nothing
-here runs unless ``LEROBOT_KIT_FAULT`` is set, which no user should do:
-
-    LEROBOT_KIT_FAULT="point=backward,step=25,rank=1[,action=kill|hang|nan][,attempt=0][,count=1]"
-
-- ``point``: ``forward`` (start of the model's forward), ``backward`` (when autograd
-  reaches the middle wrap unit, or the loss), ``optimizer`` (before ``optimizer.step``),
-  ``sync_save`` (while the checkpoint of ``step`` is being written, training blocked),
-  ``async_save`` (after training has moved on while the background write of the
-  checkpoint of ``step`` is still under way; needs ``--async_checkpoint=true`` on a
-  sharded run).
-- ``step``: the step number, counted as checkpoints are (the first step is 1).
-- ``rank``: the global rank that fails (default 0).
-- ``action``: ``kill`` (SIGKILL, default), ``hang`` (blocks forever; not for saves) or
-  ``nan`` (``forward``: one NaN in the batch's action, so the loss is NaN, as from bad
-  data; ``backward``: NaN gradients through the middle of the model while the loss stays
-  finite, as from an overflow; ``optimizer``: a NaN in a weight just after
-  ``optimizer.step``, as from an update that overflowed it).
-- ``attempt``: the launcher's restart count on which the fault fires (default 0, the
-  first start), so that a restarted run does not fail again at the same place.
-- ``count``: the number of consecutive steps, from ``step`` on, that the fault fires at
-  (default 1; more than one is for ``action=nan``).
-
-Several faults are separated by ``;`` (each on its own rank, point and steps).
-
-Before acting, a JSON line (rank, step, point, action, attempt, what was observed) is
-appended and fsynced to ``LEROBOT_KIT_FAULT_LOG`` when that is set, so a harness can
-tell where each trial really died. The points are torch hooks on the model and the
-optimizer and a thread that watches the checkpoint folder: the loop has no branch for it.
+The crash-safety claims are checked by failing real processes at real points of the loop:
+the tests and the fault-injection benchmark start the installed trainer under ``torchrun``
+with this variable set, so it lives in the package, inert unless set. The variable's keys,
+the points and actions, and what ``LEROBOT_KIT_FAULT_LOG`` records are in
+docs/fault-injection.md. The points are torch hooks on the model and the optimizer and a
+thread that watches the checkpoint folder, so the loop has no branch for it.
 """
 
 from __future__ import annotations

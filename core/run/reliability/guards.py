@@ -3,7 +3,8 @@
 The loop asks ``stop_now`` before each step and reports ``step_started`` /
 ``step_finished``; behind them sit the stop-on-signal agreement (``preemption``), which
 also stops every rank when one could not write the run's output (``output.failures``),
-the hang watchdog (``watchdog``) and, in tests only, fault injection (``fault_injection``).
+the hang watchdog (``watchdog``) and, when ``LEROBOT_KIT_FAULT`` asks, fault injection
+(``fault_injection``, docs/fault-injection.md).
 So the loop stays one straight path, and each concern is a module of its own.
 
 ``guarded_run`` wraps the whole of ``train``: its stop handlers are installed at the first
