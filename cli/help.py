@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import types
-from typing import Any, Iterator, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Iterator, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
@@ -14,6 +14,8 @@ from pydantic_core import PydanticUndefined
 def _type_name(annotation: Any) -> str:
     """Short, shell-minded type names: ``{no|bf16|fp16}``, ``int|null``, ``list[str]``."""
     origin = get_origin(annotation)
+    if origin is Annotated:  # a bounded type (``Seconds``) inside ``| None``: its bounds are in the description
+        return _type_name(get_args(annotation)[0])
     if origin is Literal:
         return "{" + "|".join(str(a) for a in get_args(annotation)) + "}"
     if origin in (Union, types.UnionType):

@@ -16,6 +16,7 @@ from lerobot_kit.core.registry.registry import get_registry
 
 HELP_LINE = re.compile(r"^  (--\S+)  (\S+)  \(default: ", re.MULTILINE)
 ONE_CHOICE = re.compile(r"\{[^|{}]*\}")  # a choice list of one: {adamw}
+REPR = re.compile(r"Annotated|metadata|=|<class")  # what a type's Python repr leaks into help
 
 
 def test_train_help_lists_no_flag_that_only_refuses() -> None:
@@ -41,3 +42,16 @@ def test_no_config_class_has_a_field_of_one_value() -> None:
         if ONE_CHOICE.fullmatch(type_name)
     ]
     assert single == []
+
+
+def test_no_flag_type_in_help_is_a_python_repr() -> None:
+    """A bounded optional type (``Seconds | None``) reads ``int|null``, not pydantic's repr of its metadata."""
+    registry = get_registry()
+    models = [(TrainConfig, ""), (EvalRunConfig, "")]
+    for kind in ("policy", "dataset", "env"):
+        models += [(getattr(registry, kind)(name).config_class, f"{kind}.") for name in registry.names(kind)]
+    raw = [f"{flag} {type_name}" for model, prefix in models for flag, type_name, _, _ in iter_flags(model, prefix)
+           if REPR.search(type_name)]
+    assert raw == []
+    result = run_cli("train", "--help", timeout=60)
+    assert dict(HELP_LINE.findall(result.stdout))["--parallelism.step_timeout_s"] == "int|null"
