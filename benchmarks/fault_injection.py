@@ -11,7 +11,7 @@ killed with SIGKILL at one point of one step, both chosen at random from a fixed
 - ``async_save``: with ``--async_checkpoint=true``, after training has moved on while the
   background write of the checkpoint is under way.
 
-The points are placed by the test-only ``LEROBOT_KIT_FAULT`` (``core.run.fault_injection``),
+The points are placed by ``LEROBOT_KIT_FAULT`` (``core.run.reliability.fault_injection``, docs/fault-injection.md),
 which also records what it saw when it fired. torchrun restarts the group once; the
 restarted run finds ``checkpoints/last`` by itself. A trial *recovers* when the command
 exits 0, and is *bit-identical* when its final weights equal, tensor for tensor, those of

@@ -182,7 +182,7 @@ def _as_is(items: list[Batch] | _Fault) -> list[Batch] | Packed | _Fault:
 
 def _seed_worker(worker_id: int, seed: int, rank: int, epoch: int, stop_signals: tuple[int, ...] = ()) -> None:
     # Ctrl-C and a scheduler's SIGTERM reach every process; the training process stops at a
-    # step boundary with a checkpoint (core.run.preemption) and ends its workers itself.
+    # step boundary with a checkpoint (core.run.reliability.preemption) and ends its workers itself.
     for signum in stop_signals:
         signal.signal(signum, signal.SIG_IGN)
     worker_seed = sample_seed(seed, rank, epoch, worker_id)
