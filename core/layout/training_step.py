@@ -37,14 +37,12 @@ def is_sharded(dp_shard: int) -> bool:
     return dp_shard > 1
 
 
-@dataclass(frozen=True)
-class Topology:
-    """The layout that wrote the checkpoint (``ParallelDims.topology``)."""
+class DataParallelDegrees:
+    """What follows from the two data-parallel degrees, shared by the run's ``ParallelDims``
+    and the ``Topology`` a checkpoint records, so the two cannot answer differently."""
 
-    world_size: int
     dp_replicate: int
     dp_shard: int
-    layout: str
 
     @property
     def sharded(self) -> bool:
@@ -53,6 +51,16 @@ class Topology:
     @property
     def dp_world_size(self) -> int:
         return self.dp_replicate * self.dp_shard
+
+
+@dataclass(frozen=True)
+class Topology(DataParallelDegrees):
+    """The layout that wrote the checkpoint (``ParallelDims.topology``)."""
+
+    world_size: int
+    dp_replicate: int
+    dp_shard: int
+    layout: str
 
 
 @dataclass(frozen=True)

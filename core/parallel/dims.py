@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from lerobot_kit.core.config.schema import ParallelismConfig
 from lerobot_kit.core.errors import ConfigError
-from lerobot_kit.core.layout.training_step import Topology, is_sharded
+from lerobot_kit.core.layout.training_step import DataParallelDegrees, Topology
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -35,7 +35,7 @@ MESH_DIMS_FSDP = ("dp_shard",)
 
 
 @dataclass(frozen=True)
-class ParallelDims:
+class ParallelDims(DataParallelDegrees):
     dp_replicate: int
     dp_shard: int
     world_size: int
@@ -88,14 +88,6 @@ class ParallelDims:
         if not self.sharded:
             return "ddp"
         return "fsdp" if self.dp_replicate == 1 else "hsdp"
-
-    @property
-    def sharded(self) -> bool:
-        return is_sharded(self.dp_shard)
-
-    @property
-    def dp_world_size(self) -> int:
-        return self.dp_replicate * self.dp_shard
 
     def degrees(self) -> dict[str, int]:
         """Every mesh axis and its degree, outermost first."""
