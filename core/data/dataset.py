@@ -224,6 +224,15 @@ class PolicyDataset:
         """Several items at once (a DataLoader request); a dataset may read them together."""
         return [self.item(i, uint8_cameras=uint8_cameras) for i in indices]
 
+    @classmethod
+    def items_across(
+        cls, requests: list[tuple[PolicyDataset, list[int]]], *, uint8_cameras: bool = False
+    ) -> list[list[dict[str, torch.Tensor]]]:
+        """The items of several datasets of this type, one list per ``(dataset, indices)``: a
+        mixture's batch spreads over its members, often one item each, and a type that reads
+        them in one pass (paying a request's fixed work once) overrides this."""
+        return [dataset.items(indices, uint8_cameras=uint8_cameras) for dataset, indices in requests]
+
     def episode_lengths(self) -> np.ndarray:
         raise NotImplementedError
 

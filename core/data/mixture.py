@@ -147,7 +147,8 @@ class MixtureDataset(PolicyDataset):
         return self.items([i], uint8_cameras=uint8_cameras)[0]
 
     def items(self, indices: list[int], *, uint8_cameras: bool = False) -> list[dict[str, torch.Tensor]]:
-        """Each member's items read together (its own ``items``), then put in the policy's terms."""
+        """The members' items read together, each dataset type's at once (its ``items_across``),
+        then put in the policy's terms."""
         import torch
 
         members, local = self._locate(indices)
@@ -158,17 +159,20 @@ class MixtureDataset(PolicyDataset):
         member_tensors = torch.from_numpy(members).unbind()
         index_tensors = torch.from_numpy(local + self.starts[members]).unbind()
         out: list[dict[str, Any]] = [{} for _ in indices]
-        for member, slots in by_member.items():
-            dataset = self.members[member].dataset
-            wanted = local[slots].tolist()
-            if not _reads_items(dataset):
-                read = [dataset[i] for i in wanted]
+        by_type: dict[type[PolicyDataset], list[int]] = {}
+        for member in by_member:
+            by_type.setdefault(type(self.members[member].dataset), []).append(member)
+        for kind, members_of_kind in by_type.items():
+            requests = [(self.members[m].dataset, local[by_member[m]].tolist()) for m in members_of_kind]
+            if _reads_items(kind):
+                read = kind.items_across(requests, uint8_cameras=uint8_cameras)
             else:
-                read = dataset.items(wanted, uint8_cameras=uint8_cameras)
-            for slot, item in zip(slots, read):
-                out[slot] = self._as_policy_item(member, item, uint8_cameras)
-                out[slot][MEMBER_KEY] = member_tensors[slot]
-                out[slot][INDEX_KEY] = index_tensors[slot]
+                read = [[dataset[i] for i in wanted] for dataset, wanted in requests]
+            for member, member_items in zip(members_of_kind, read):
+                for slot, item in zip(by_member[member], member_items):
+                    out[slot] = self._as_policy_item(member, item, uint8_cameras)
+                    out[slot][MEMBER_KEY] = member_tensors[slot]
+                    out[slot][INDEX_KEY] = index_tensors[slot]
         return out
 
     def _as_policy_item(self, member: int, item: dict[str, Any], uint8_cameras: bool) -> dict[str, Any]:
@@ -235,8 +239,9 @@ class MixtureDataset(PolicyDataset):
                     )
 
 
-def _reads_items(dataset: PolicyDataset) -> bool:
-    return type(dataset).item is not PolicyDataset.item
+def _reads_items(kind: type[PolicyDataset]) -> bool:
+    """Whether a dataset type reads items itself (else only ``__getitem__`` is its own)."""
+    return kind.item is not PolicyDataset.item
 
 
 def _has_tasks(dataset: PolicyDataset) -> bool:

@@ -29,6 +29,7 @@ def _write(folder: Path) -> None:
                  tasks=("stack the blocks",))
     write_member(folder / "c", [10], camera="side", fps=10, seed=2, tasks=("open the drawer",))
     write_member(folder / "big", [10], camera="high", fps=10, seed=3, image_size=24)
+    write_member(folder / "d", [7, 5], camera="high", fps=20, seed=4, tasks=("wipe the table",))
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +75,38 @@ def test_the_policy_sees_the_union_padded_and_flagged(members: Path) -> None:
     assert (a["task"], b["task"], c["task"]) == ("pick the cube", "stack the blocks", "open the drawer")
     batch = torch.utils.data.default_collate([{k: v for k, v in item.items() if k != "task"} for item in items])
     assert batch[ACTION].shape == (3, 4, 5)
+
+
+def test_a_batch_across_members_is_read_per_layout_and_equals_each_member_read_alone(
+    members: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """a and d share a layout (features, shapes, offsets) but not fps, episodes or tasks: a
+    shuffled batch over a, b and d reads a's and d's items as one request and b's as another,
+    and every item equals its member's item read from the member alone, renamed and padded."""
+    from lerobot_kit.plugins.datasets.lerobot import reader
+
+    flags = mixture_flags(members, {"repo_id": "t/a"}, {"repo_id": "t/b", "rename_map": {WRIST: HIGH}},
+                          {"repo_id": "t/d"})
+    dataset = build_with_padding(flags)
+    alone = [build_dataset(parse_train_config(["--policy.chunk_size=4", "--policy.n_action_steps=4",
+                                               f"--dataset.repo_id=t/{name}", f"--dataset.root={members / name}"]))
+             for name in ("a", "b", "d")]
+    requests = []
+    read_items = reader.read_items
+    monkeypatch.setattr(reader, "read_items", lambda layout, asked, uint8: (
+        requests.append(len(asked)), read_items(layout, asked, uint8))[1])
+    batch = np.random.default_rng(0).permutation(len(dataset))[:16].tolist()
+    together = dataset.items(batch, uint8_cameras=True)
+    assert sorted(requests) == [1, 2]
+    for i, item in zip(batch, together):
+        member, local = dataset.locate(i)
+        own = alone[member].item(local, uint8_cameras=True)
+        assert int(item[MEMBER_KEY]) == member and int(item["index"]) == i and item["task"] == own["task"]
+        for key, value in own.items():
+            if key in ("task", "index"):  # the item's index is the mixture's (asserted above)
+                continue
+            mixed = item[{WRIST: HIGH, pad_key(WRIST): pad_key(HIGH)}.get(key, key) if member == 1 else key]
+            assert torch.equal(mixed[..., : value.shape[-1]] if key in (STATE, ACTION) else mixed, value), (i, key)
 
 
 def build_with_padding(flags: list[str]) -> MixtureDataset:

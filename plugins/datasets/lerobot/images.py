@@ -25,7 +25,7 @@ def check_channels(info_file: Path, key: str, shape: tuple[int, ...]) -> None:
 
 
 def decode_image(data: bytes, shape: tuple[int, ...], where: str) -> np.ndarray:
-    """uint8 ``[H, W, C]`` (channel-last, as decoded; see ``reader.channels_first``) from
+    """uint8 ``[H, W, C]`` (channel-last, as decoded; see ``item_reads.channels_first``) from
     encoded bytes; ``where`` names file, feature and frame for errors."""
     image_module = require_pil()
     channels, height, width = shape

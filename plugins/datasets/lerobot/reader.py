@@ -37,15 +37,13 @@ from lerobot_kit.api import (
     EpisodeWindows,
     MixtureDataset,
     PolicyDataset,
-    camera_to_float,
     expand_delta_indices,
-    pad_key,
 )
 from lerobot_kit.plugins.datasets.lerobot import images, video
-from lerobot_kit.plugins.datasets.lerobot.camera_threads import read_cameras
 from lerobot_kit.plugins.datasets.lerobot.columns import FileColumns, cached_file_columns, episode_rows
 from lerobot_kit.plugins.datasets.lerobot.files import LeRobotDatasetError, require_pil, require_pyarrow
 from lerobot_kit.plugins.datasets.lerobot.finite import check_finite
+from lerobot_kit.plugins.datasets.lerobot.item_reads import ItemLayout, read_items
 from lerobot_kit.plugins.datasets.lerobot.locate import locate_dataset
 from lerobot_kit.plugins.datasets.lerobot.meta import (
     INFO_FILE,
@@ -93,7 +91,8 @@ class LeRobotDataset(PolicyDataset):
         self.windows = EpisodeWindows(np.array([row.length for row in episodes], dtype=np.int64))
         features = {key: source.spec for key, source in info.features.items()}
         self.delta_indices = expand_delta_indices(delta_indices, {k: f.is_image for k, f in features.items()})
-        self._layout = _ItemLayout(info, self.delta_indices)
+        self._layout = ItemLayout(info, self.delta_indices)
+        self._bounds: tuple[list[int], list[int]] | None = None
         self._video_paths: dict[tuple[str, int, int], Path] = {}
         self._in_file = {
             data_file: [row for row in all_episodes.values() if row.data_file == data_file]
@@ -131,89 +130,41 @@ class LeRobotDataset(PolicyDataset):
         return self.items([i], uint8_cameras=uint8_cameras)[0]
 
     def items(self, indices: list[int], *, uint8_cameras: bool = False) -> list[dict[str, torch.Tensor]]:
-        """The items at ``indices``, those of one data file read together: one gather per numeric
-        column, and per camera one pass of the decoder over the frames each video file holds
-        (the cameras at once, on threads). Random sampling's items, one per episode, cost one
-        request per batch instead of one per item; block sampling (a run of consecutive frames
-        per request) turns into one sequential decode. A mixture hands each member its share
-        of a batch, often one item: the fixed cost of a request is kept to plain-Python work
-        where NumPy's per-call cost would exceed the work (``distinct``)."""
-        frames = np.array([self.windows.check_index(i) for i in indices], dtype=np.int64)
-        positions = np.searchsorted(self.windows.starts, frames, side="right") - 1
-        by_file: dict[tuple[int, int], list[int]] = {}
-        for slot, position in enumerate(positions.tolist()):
-            by_file.setdefault(self.episodes[position].data_file, []).append(slot)
-        out: list[dict[str, torch.Tensor]] = [{} for _ in frames]
-        for data_file, slots in by_file.items():
-            chosen = np.array(slots)
-            self._file_items(data_file, frames[chosen], positions[chosen], [out[s] for s in slots], uint8_cameras)
+        """The items at ``indices``, read as one request (``item_reads``): one gather per numeric
+        column and data file, and per camera one pass of the decoder over the frames each video
+        file holds (the cameras at once, on threads). Random sampling's items, one per episode,
+        cost one request per batch instead of one per item; block sampling (a run of
+        consecutive frames per request) turns into one sequential decode."""
+        return read_items(self._layout, [(self, indices)], uint8_cameras)[0]
+
+    @classmethod
+    def items_across(
+        cls, requests: list[tuple[PolicyDataset, list[int]]], *, uint8_cameras: bool = False
+    ) -> list[list[dict[str, torch.Tensor]]]:
+        """Members of one layout (same features, shapes and frame offsets) read as one request:
+        a mixture's random batch, one item per member, pays a request's fixed work once."""
+        by_layout: dict[Any, list[int]] = {}
+        for n, (dataset, _) in enumerate(requests):
+            assert isinstance(dataset, LeRobotDataset)
+            by_layout.setdefault(dataset._layout.signature, []).append(n)
+        out: list[list[dict[str, torch.Tensor]]] = [[] for _ in requests]
+        for group in by_layout.values():
+            first = requests[group[0]][0]
+            assert isinstance(first, LeRobotDataset)
+            read = read_items(first._layout, [requests[n] for n in group], uint8_cameras)  # type: ignore[misc]
+            for n, items in zip(group, read):
+                out[n] = items
         return out
 
-    def _file_items(
-        self, data_file: tuple[int, int], frames: np.ndarray, positions: np.ndarray,
-        items: list[dict[str, torch.Tensor]], uint8_cameras: bool,
-    ) -> None:
-        """The items of one data file: every feature's frames worked out in one array op
-        (``_ItemLayout``), then one gather per numeric column and one read per camera."""
-        import torch
+    def episode_bounds(self) -> tuple[list[int], list[int]]:
+        """The first frame of each selected episode (and the frame count last), and the row of
+        each one's first frame in its data file's column cache, as lists: a request looks up
+        a few items in them, which plain lists answer faster than arrays."""
+        if self._bounds is None:
+            self._bounds = (self.windows.starts.tolist(), self._first_row.tolist())
+        return self._bounds
 
-        layout = self._layout
-        starts, ends = self.windows.starts[positions][:, None], self.windows.starts[positions + 1][:, None]
-        to_row = self._first_row[positions][:, None] - starts  # frame number -> cache row, per item
-        columns = self.columns(data_file)
-        wanted = frames[:, None] + layout.offsets
-        # np.minimum/np.maximum: np.clip's dispatch costs more than the clamp of a few frames.
-        rows = np.minimum(np.maximum(wanted, starts), ends - 1) + to_row
-        pads = ((wanted < starts) | (wanted >= ends)).tolist()
-        decoded = read_cameras(lambda key: self._camera_windows(key, positions, rows[:, layout.columns[key]]),
-                               layout.cameras, video.KEPT_DECODERS)
-        for key, where, pad_name in layout.numeric:
-            gathered = columns.numeric[key][rows[:, where].ravel()]
-            values = torch.from_numpy(gathered.reshape(len(items), -1, *gathered.shape[1:]))
-            per_item = values.unbind() if pad_name else values[:, 0].unbind()
-            for item, value in zip(items, per_item):
-                item[key] = value
-        for key, where, pad_name in layout.video_or_image:
-            for item, window in zip(items, decoded[key]):
-                value = channels_first(window)
-                value = value if uint8_cameras else camera_to_float(value)
-                item[key] = value if pad_name else value[0]
-        if layout.stacked:
-            flags = torch.tensor(pads, dtype=torch.bool).unbind()
-            for item, flag in zip(items, flags):
-                for key, where, pad_name in layout.stacked:
-                    item[pad_name] = flag[where]
-        episode_indices = np.array([self.episodes[p].index for p in positions.tolist()], dtype=np.int64)
-        # Views of one tensor each, as the padding flags: a tensor apiece costs more than the rest of a small item.
-        for item, episode_tensor, index in zip(items, torch.from_numpy(episode_indices).unbind(),
-                                               torch.from_numpy(frames).unbind()):
-            item["episode_index"] = episode_tensor
-            item["index"] = index
-        self._add_tasks(items, columns, frames + to_row[:, 0], episode_indices)
-
-    def _camera_windows(self, key: str, positions: np.ndarray, rows: np.ndarray) -> list[list[np.ndarray]]:
-        """Per item, the uint8 ``[H, W, C]`` frames of camera ``key`` at its cache rows (``rows[j]``,
-        of the ``positions[j]``-th episode), each distinct frame read once: a video file's frames
-        in one request, whichever episodes they belong to; stored images per episode."""
-        video_kind = self.info.features[key].kind == "video"
-        groups: dict[Any, list[int]] = {}
-        for j, position in enumerate(positions.tolist()):
-            episode = self.episodes[position]
-            groups.setdefault(self._video_file(key, episode.videos[key]) if video_kind else position, []).append(j)
-        out: list[list[np.ndarray]] = [[] for _ in positions]
-        width = rows.shape[1]
-        for group, members in groups.items():
-            unique, inverse, first = distinct(rows[members].ravel().tolist())
-            if video_kind:
-                episodes = positions[[members[k // width] for k in first]]
-                found = self._video_frames(group, key, unique, episodes)
-            else:
-                found = self.camera_frames(key, group, unique)
-            for n, j in enumerate(members):
-                out[j] = [found[k] for k in inverse[n * width : (n + 1) * width]]
-        return out
-
-    def _video_file(self, key: str, ref: VideoRef) -> Path:
+    def video_file(self, key: str, ref: VideoRef) -> Path:
         """``info.video_file``, remembered: building the path costs more than a small frame's decode."""
         where = (key, ref.chunk_index, ref.file_index)
         path = self._video_paths.get(where)
@@ -221,34 +172,11 @@ class LeRobotDataset(PolicyDataset):
             path = self._video_paths[where] = self.info.video_file(key, ref)
         return path
 
-    def _video_frames(self, path: Path, key: str, rows: np.ndarray, positions: np.ndarray) -> list[np.ndarray]:
-        """The frames of video ``path`` at cache rows ``rows`` (sorted, distinct), the ``positions[k]``-th
-        episode's each."""
+    def decode_frames(self, path: Path, key: str, episodes: list[int], times: np.ndarray) -> list[np.ndarray]:
+        """uint8 ``[H, W, C]`` frames of camera ``key`` nearest to ``times`` in video ``path``
+        (``episodes[k]``: the episode of ``times[k]``, for errors), by this process's decoders."""
         assert self._videos is not None  # a video feature: checked at construction
-        source = self.info.features[key]
-        data_file = self.episodes[int(positions[0])].data_file
-        timestamps = self.columns(data_file).timestamp
-        assert timestamps is not None  # checked at construction
-        offsets = np.array([self.episodes[p].videos[key].from_timestamp for p in positions.tolist()])
-        times = offsets + timestamps[rows].astype(np.float64)
-        episodes = [self.episodes[p].index for p in positions.tolist()]
-        return self._videos.frames(path, key, episodes, times, source.spec.shape)
-
-    def _add_tasks(
-        self, items: list[dict[str, Any]], columns: FileColumns, rows: np.ndarray, episodes: np.ndarray
-    ) -> None:
-        """Each item's ``task`` text, by its frame's ``task_index``; nothing when the dataset has no
-        tasks. ``episodes``: each item's episode index, for the error."""
-        if columns.task_index is None or not self.tasks:
-            return
-        for item, task_index, episode in zip(items, columns.task_index[rows].tolist(), episodes.tolist()):
-            text = self.tasks.get(int(task_index))
-            if text is None:
-                raise LeRobotDatasetError(
-                    f"{self.root}: a frame of episode {episode} has task_index {task_index}, which meta/tasks.parquet "
-                    f"lacks (it has {sorted(self.tasks)}); the dataset is inconsistent (re-copy or re-download it)"
-                )
-            item["task"] = text
+        return self._videos.frames(path, key, episodes, times, self.info.features[key].spec.shape)
 
     def camera_frames(self, key: str, position: int, rows: np.ndarray) -> list[np.ndarray]:
         """uint8 ``[H, W, C]`` frames of camera ``key`` at cache rows of the ``position``-th
@@ -267,51 +195,8 @@ class LeRobotDataset(PolicyDataset):
         assert self._videos is not None and columns.timestamp is not None  # checked at construction
         ref = episode.videos[key]
         times = ref.from_timestamp + columns.timestamp[rows].astype(np.float64)
-        return self._videos.frames(self._video_file(key, ref), key, [episode.index] * len(times), times,
+        return self._videos.frames(self.video_file(key, ref), key, [episode.index] * len(times), times,
                                    source.spec.shape)
-
-
-class _ItemLayout:
-    """Where each feature's frames lie in one ``[items, frames]`` array of a request: every
-    feature's offsets side by side (``offsets``; ``[0]`` for a feature an item does not
-    stack), so a request works out all of its frames, clamps and padding flags in one array
-    op each instead of one per feature. ``columns[key]`` is the feature's slice of it;
-    numeric features, cameras and stacked features (with their padding flag's name) are
-    listed as ``(key, slice, padding flag name or "")``."""
-
-    def __init__(self, info: LeRobotInfo, delta_indices: dict[str, np.ndarray]) -> None:
-        own_frame = np.zeros(1, dtype=np.int64)
-        per_key = [delta_indices.get(key, own_frame) for key in info.features]
-        bounds = np.cumsum([0, *map(len, per_key)]).tolist()
-        self.offsets = np.concatenate(per_key)[None, :]
-        self.columns = {key: slice(bounds[k], bounds[k + 1]) for k, key in enumerate(info.features)}
-        listed = [(key, self.columns[key], pad_key(key) if key in delta_indices else "") for key in info.features]
-        self.numeric = [entry for entry in listed if info.features[entry[0]].kind == "numeric"]
-        self.video_or_image = [entry for entry in listed if info.features[entry[0]].kind != "numeric"]
-        self.cameras = [key for key, _, _ in self.video_or_image]
-        self.stacked = [entry for entry in listed if entry[2]]
-
-
-def distinct(values: list[int]) -> tuple[np.ndarray, list[int], list[int]]:
-    """The sorted distinct ``values``, each value's position among them, and the first position
-    in ``values`` of each distinct one: ``np.unique`` with ``return_inverse`` and
-    ``return_index``, in plain Python, which costs a tenth of it for the few values a request holds."""
-    unique = sorted(set(values))
-    where = {value: k for k, value in enumerate(unique)}
-    first: dict[int, int] = {}
-    for position, value in enumerate(values):
-        first.setdefault(value, position)
-    return np.array(unique, dtype=np.int64), [where[value] for value in values], [first[value] for value in unique]
-
-
-def channels_first(frames: list[np.ndarray]) -> torch.Tensor:
-    """uint8 ``[N, C, H, W]`` of channel-last ``[H, W, C]`` frames, as a view (the strides of
-    torch's ``channels_last``): one frame is not copied at all, several are stacked with
-    plain copies. Values and shape are those of channel-first frames."""
-    import torch
-
-    stacked = frames[0][None] if len(frames) == 1 else np.stack(frames)
-    return torch.from_numpy(stacked).permute(0, 3, 1, 2)
 
 
 def make_lerobot_dataset(
