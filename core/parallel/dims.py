@@ -30,8 +30,10 @@ from lerobot_kit.core.layout.training_step import DataParallelDegrees, Topology
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-MESH_DIMS_HSDP = ("dp_replicate", "dp_shard")
-MESH_DIMS_FSDP = ("dp_shard",)
+REPLICATE_AXIS = "dp_replicate"
+SHARD_AXIS = "dp_shard"
+MESH_DIMS_HSDP = (REPLICATE_AXIS, SHARD_AXIS)
+MESH_DIMS_FSDP = (SHARD_AXIS,)
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ class ParallelDims(DataParallelDegrees):
 
     def degrees(self) -> dict[str, int]:
         """Every mesh axis and its degree, outermost first."""
-        return {"dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard}
+        return {REPLICATE_AXIS: self.dp_replicate, SHARD_AXIS: self.dp_shard}
 
     def dp_rank(self, rank: int) -> int:
         """The data-parallel index of global ``rank``: which slice of every batch it reads.
@@ -110,9 +112,18 @@ class ParallelDims(DataParallelDegrees):
                         layout=self.layout)
 
     @property
+    def shard_replica_axis(self) -> str | None:
+        """The mesh axis along which ranks hold copies of the same shards (HSDP's ``dp_replicate``), else None.
+
+        A sum over shards (a global gradient norm) must count one rank of that axis only, or
+        each shard counts once per replica.
+        """
+        return REPLICATE_AXIS if self.layout == "hsdp" else None
+
+    @property
     def dp_mesh_axes(self) -> tuple[str, ...]:
         """The mesh axes FSDP2 works over: ``dp_shard``, with ``dp_replicate`` in front for HSDP."""
-        return MESH_DIMS_HSDP if self.layout == "hsdp" else MESH_DIMS_FSDP
+        return MESH_DIMS_HSDP if self.shard_replica_axis is not None else MESH_DIMS_FSDP
 
     def build_mesh(self, device_type: str) -> DeviceMesh | None:
         """The named mesh over every axis of degree above 1, outermost first; ``None`` when
@@ -122,7 +133,7 @@ class ParallelDims(DataParallelDegrees):
         Needs an initialised default process group of ``world_size`` ranks.
         """
         axes = {axis: degree for axis, degree in self.degrees().items() if degree > 1}
-        if set(axes) <= {"dp_replicate"}:
+        if set(axes) <= {REPLICATE_AXIS}:
             return None
         from torch.distributed.device_mesh import init_device_mesh
 

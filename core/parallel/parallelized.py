@@ -134,7 +134,8 @@ class Parallelized:
         sharded_sq, plain_sq = self._squared_norm(sharded), self._squared_norm(plain)
         grads = sharded + plain
         if self.dims.sharded:
-            if self.mesh is not None and self.dims.layout == "hsdp" and self.mesh.get_local_rank("dp_replicate") != 0:
+            replica_axis = self.dims.shard_replica_axis
+            if self.mesh is not None and replica_axis is not None and self.mesh.get_local_rank(replica_axis) != 0:
                 sharded_sq.zero_()
             dist.all_reduce(sharded_sq)
         total = math.sqrt(float(sharded_sq + plain_sq))
