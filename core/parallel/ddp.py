@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from lerobot_kit.core.parallel.dims import ParallelDims
-from lerobot_kit.core.parallel.parallelized import Parallelized, has_meta
+from lerobot_kit.core.parallel.parallel_model import Parallelized, has_meta
 from lerobot_kit.core.parallel.wrap_units import WrapUnits
 
 

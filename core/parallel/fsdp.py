@@ -36,7 +36,7 @@ from torch.distributed.fsdp import (
 
 from lerobot_kit.core.config.schema import AcceleratorConfig
 from lerobot_kit.core.parallel.dims import ParallelDims
-from lerobot_kit.core.parallel.parallelized import Parallelized, has_meta
+from lerobot_kit.core.parallel.parallel_model import Parallelized, has_meta
 from lerobot_kit.core.parallel.precision import build_mp_policy
 from lerobot_kit.core.parallel.wrap_units import WrapUnits
 

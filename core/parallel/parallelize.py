@@ -28,7 +28,7 @@ from lerobot_kit.core.parallel.compile import apply_compile, check_compile_suppo
 from lerobot_kit.core.parallel.ddp import apply_ddp
 from lerobot_kit.core.parallel.dims import ParallelDims
 from lerobot_kit.core.parallel.fsdp import apply_fsdp, broadcast_initial_weights, full_state_of_main
-from lerobot_kit.core.parallel.parallelized import Parallelized
+from lerobot_kit.core.parallel.parallel_model import Parallelized
 from lerobot_kit.core.parallel.wrap_units import WrapUnits
 
 

@@ -23,7 +23,7 @@ from lerobot_kit.core.model.naming import ModelWeights
 from lerobot_kit.core.model.peft import model_weights
 from lerobot_kit.core.model.processor import PolicyProcessor
 from lerobot_kit.core.parallel.dims import ParallelDims
-from lerobot_kit.core.parallel.parallelized import Parallelized
+from lerobot_kit.core.parallel.parallel_model import Parallelized
 from lerobot_kit.core.run.optim import ScheduleState
 from lerobot_kit.core.run.spec import RunSpec
 

@@ -30,8 +30,8 @@ from lerobot_kit.core.distributed.process_group import (
 )
 from lerobot_kit.core.errors import LerobotError
 from lerobot_kit.core.layout.training_step import TrainingStep
+from lerobot_kit.core.parallel.parallel_model import Parallelized
 from lerobot_kit.core.parallel.parallelize import parallelize
-from lerobot_kit.core.parallel.parallelized import Parallelized
 from lerobot_kit.core.parallel.precision import build_grad_scaler
 from lerobot_kit.core.run.assemble import build_model
 from lerobot_kit.core.run.components import RunComponents

@@ -32,7 +32,7 @@ from lerobot_kit.core.config.schema import (  # noqa: E402
 from lerobot_kit.core.distributed.process_group import DistContext, all_reduce_mean, init_distributed, shutdown  # noqa: E402
 from lerobot_kit.core.parallel.dims import ParallelDims  # noqa: E402
 from lerobot_kit.core.parallel.activation_checkpointing import is_checkpointed  # noqa: E402
-from lerobot_kit.core.parallel.parallelized import Parallelized  # noqa: E402
+from lerobot_kit.core.parallel.parallel_model import Parallelized  # noqa: E402
 from lerobot_kit.core.parallel.parallelize import parallelize  # noqa: E402
 from lerobot_kit.core.parallel.wrap_units import resolve_wrap_units  # noqa: E402
 from lerobot_kit.core.parallel.precision import build_grad_scaler  # noqa: E402
