@@ -11,7 +11,7 @@ An import inside a function ties two modules together as surely as one at the to
 later, so every ``import`` and ``from ... import`` of a module counts, wherever it
 stands; only those under ``if TYPE_CHECKING:`` (annotations, never run) do not. The
 layer table of docs/architecture.md is checked against the same data, its torch column
-included.
+included, and so is its table of the run's rooms, with each room's file count.
 """
 
 from __future__ import annotations
@@ -284,3 +284,25 @@ def test_the_rooms_of_the_run_import_only_rooms_below_them() -> None:
               if imported.startswith(RUN + ".")
               and RUN_ROOMS.index(run_room_of(imported)) > RUN_ROOMS.index(run_room_of(module))]
     assert upward == []
+
+
+def room_table(markdown: str) -> list[tuple[str, int]]:
+    """The rows of the table under ``## The rooms of a run``: each room as ``RUN_ROOMS`` names it, its file count."""
+    section = markdown.split("\n## The rooms of a run\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|") for line in section.splitlines() if line.startswith("| `")]
+    return [(_room_named(re.findall(r"`([^`]+)`", cells[1])[0]), int(cells[3])) for cells in rows]
+
+
+def _room_named(cell: str) -> str:
+    """``output/`` is the room ``output``; ``core/run/*.py``, the run's own modules, is ``""``."""
+    return "" if cell == "core/run/*.py" else cell.removesuffix("/")
+
+
+def run_room_files(room: str) -> list[Path]:
+    """The modules of a room (``__init__.py`` aside), or the run's own modules for ``""``."""
+    return [p for p in (REPO / "core" / "run" / room).glob("*.py") if p.name != "__init__.py"]
+
+
+def test_the_architecture_room_table_is_the_declared_order_with_each_rooms_file_count() -> None:
+    """A module moved between rooms, or added to one, shows in the doc's count."""
+    assert room_table(ARCHITECTURE.read_text()) == [(room, len(run_room_files(room))) for room in RUN_ROOMS]
