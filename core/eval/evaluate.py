@@ -14,7 +14,6 @@ runs, and training's RNG streams come out exactly as they went in.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -33,6 +32,7 @@ from lerobot_kit.core.eval.plot import write_rollout_plot
 from lerobot_kit.core.eval.reduce import episode_batches, gather_to_main, rank_share
 from lerobot_kit.core.eval.rollout import Actor, Episode, run_batch
 from lerobot_kit.core.eval.video import import_av, write_mp4
+from lerobot_kit.core.layout.json_file import write_json
 from lerobot_kit.core.model.policy import Policy
 from lerobot_kit.core.model.processor import PolicyProcessor
 from lerobot_kit.core.registry.registry import get_registry
@@ -109,7 +109,7 @@ class Evaluator:
              "n_episodes": self.options.n_episodes, "batch_size": self.options.batch_size},
         )
         output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / EVAL_INFO).write_text(json.dumps(info, indent=2) + "\n")
+        write_json(output_dir / EVAL_INFO, info)
         write_rollout_plot(output_dir / PLOT, everyone)
         return info
 

@@ -7,7 +7,10 @@ dataset's, a config) goes through ``parse_json_file``: the file is opened as a r
 file only (``regular_file``: a named pipe never blocks, ``/dev/zero`` is never read), and
 each way it fails is an ``UnusableJson`` phrase instead of whatever the parser raises.
 ``read_json`` turns that phrase into the caller's error, one line naming the file and
-ending with the caller's fix (what the file is, and what to do about it). Torch-free.
+ending with the caller's fix (what the file is, and what to do about it). A caller that
+opens its file its own way hands the bytes to ``decode_json_bytes``, for the same phrases.
+Every JSON file lerobot-kit writes goes through ``write_json``, one layout for all of them,
+replaced atomically where a crash must not tear it. Torch-free.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from lerobot_kit.core.layout.file_access import (
     access_problem,
     not_a_file_problem,
 )
+from lerobot_kit.core.layout.fsync import fsync_dir
+from lerobot_kit.core.layout.paths import TMP_SUFFIX
 from lerobot_kit.core.layout.regular_file import NotRegularFile, open_regular
 
 
@@ -79,6 +84,12 @@ def parse_json_file(path: Path, *, decode: Callable[[str], Any] = json.loads, li
         raise UnreadableJsonFile(exc) from exc
     if limit is not None and len(raw) > limit.max_bytes:
         raise UnusableJson(limit.problem)
+    return decode_json_bytes(raw, decode)
+
+
+def decode_json_bytes(raw: bytes, decode: Callable[[str], Any] = json.loads) -> Any:
+    """``raw`` as UTF-8 JSON, for bytes read by a caller that opens its file its own way
+    (a safetensors header, a cache manifest): the same phrases as a file read here."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -125,9 +136,26 @@ def read_json(path: Path, fix: str | None = None, *, label: str | None = None,
         raise kind(f"{name}: {exc}" + (f"; {fix}" if fix else "")) from exc
 
 
-def write_json(path: Path, data: Any) -> None:
-    """A small JSON file of a checkpoint, indented as LeRobot writes its own."""
-    path.write_text(json.dumps(data, indent=2) + "\n")
+def write_json(path: Path, data: Any, *, durable: bool = False) -> None:
+    """``data`` as a JSON file, indented as LeRobot writes its own.
+
+    ``durable`` is for a record that replaces one a crash must not tear (a checkpoint's
+    ``training_step.json``, its ``checksums.json``): the text goes to a temporary file
+    beside ``path``, reaches the disk, and is renamed over ``path``, whose folder entry is
+    then flushed too, so a crash leaves the old record or the new one, never half of one.
+    """
+    text = json.dumps(data, indent=2) + "\n"
+    if not durable:
+        Path(path).write_text(text, encoding="utf-8")
+        return
+    path = Path(path)
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
 def json_type(value: Any) -> str:

@@ -23,7 +23,6 @@ imports it.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import stat
 from collections.abc import Callable, Iterable, Mapping
@@ -33,12 +32,8 @@ from pathlib import Path, PurePosixPath
 from typing import TypeVar
 
 from lerobot_kit.core.errors import CheckpointError
-from lerobot_kit.core.layout.file_access import (
-    CheckpointAccessError,
-    access_line,
-    not_a_file_line,
-    open_checkpoint_file,
-)
+from lerobot_kit.core.layout.file_access import access_line, not_a_file_line
+from lerobot_kit.core.layout.json_file import read_json, write_json
 from lerobot_kit.core.layout.paths import MANIFEST, link_target, resolves_inside
 from lerobot_kit.core.layout.regular_file import NotRegularFile, open_regular
 
@@ -124,13 +119,7 @@ def write_manifest(step_dir: Path, known: Mapping[str, FileDigest] | None = None
     digests = {rel: known[rel] if rel in known else digests[rel] for rel in files}
     body = {"algorithm": ALGORITHM, "files": {rel: d.to_json() for rel, d in digests.items()}}
     target = step_dir / MANIFEST
-    tmp = target.with_name(MANIFEST + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(body, handle, indent=1, sort_keys=True)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, target)
+    write_json(target, body, durable=True)
     return target
 
 
@@ -147,15 +136,7 @@ def read_manifest(step_dir: Path) -> dict[str, FileDigest]:
     path = Path(step_dir) / MANIFEST
     if not os.path.lexists(path):
         raise NoManifestError(f"{Path(step_dir)}: no {MANIFEST}, so its files cannot be verified")
-    with open_checkpoint_file(path) as handle:
-        try:
-            raw = handle.read()
-        except OSError as exc:
-            raise CheckpointAccessError(access_line(str(path), exc)) from exc
-    try:
-        body = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise CheckpointError(f"{path}: not a readable checksum manifest ({exc})") from exc
+    body = read_json(path, "not a readable checksum manifest, so the step folder's files cannot be verified")
     files = body.get("files") if isinstance(body, dict) else None
     if not isinstance(body, dict) or body.get("algorithm") != ALGORITHM or not isinstance(files, dict):
         raise CheckpointError(f'{path}: not a checksum manifest (expected {{"algorithm": "{ALGORITHM}", "files": ...}})')

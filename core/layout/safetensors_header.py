@@ -8,7 +8,6 @@ bytes) lets every check name the file and give the numbers a user needs to judge
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 from lerobot_kit.core.errors import CheckpointError
 from lerobot_kit.core.layout.file_access import CheckpointAccessError, access_line, open_checkpoint_file
+from lerobot_kit.core.layout.json_file import UnusableJson, decode_json_bytes
 
 # The reference implementation's own cap: a longer header is a corrupt length field.
 MAX_HEADER_BYTES = 100_000_000
@@ -71,9 +71,9 @@ def read_safetensors_header(path: Path, label: str | None = None) -> dict[str, A
         except OSError as err:
             raise CheckpointAccessError(access_line(name, err)) from err
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{name}: header is not valid JSON: {err}") from err
+        header = decode_json_bytes(raw)
+    except UnusableJson as err:
+        raise CheckpointError(f"{name}: header is {err}") from err
     if not isinstance(header, dict):
         raise CheckpointError(f"{name}: header is a JSON {type(header).__name__}, not an object")
     _check_metadata(name, header.get(METADATA_KEY))

@@ -9,8 +9,6 @@ Torch-free: ``inspect-checkpoint`` imports it and must not import torch.
 
 from __future__ import annotations
 
-import json
-import os
 import typing
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from pathlib import Path
@@ -19,8 +17,7 @@ from typing import Any
 from lerobot_kit.core.errors import CheckpointError
 from lerobot_kit.core.layout import paths
 from lerobot_kit.core.layout.file_access import CheckpointAccessError, NotAFileError, entry_mode
-from lerobot_kit.core.layout.fsync import fsync_dir
-from lerobot_kit.core.layout.json_file import json_type, read_json
+from lerobot_kit.core.layout.json_file import json_type, read_json, write_json
 
 WEIGHTS_KINDS = ("gathered", "dcp", "gathered+dcp")
 OPTIMIZER_KINDS = ("safetensors", "dcp")
@@ -208,14 +205,7 @@ def rewrite_weights_kind(pretrained_dir: Path, weights: str) -> None:
     if Path(pretrained_dir).name != paths.PRETRAINED_DIR or recorded_training_step(step_dir) is None:
         return
     path = record_file(step_dir)
-    tmp = path.with_name(path.name + paths.TMP_SUFFIX)
-    with tmp.open("w") as file:
-        json.dump({**read_json(path), "weights": weights}, file, indent=2)
-        file.write("\n")
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    write_json(path, {**read_json(path), "weights": weights}, durable=True)
 
 
 _TYPE_WORDS = {int: "an integer", str: "a string", bool: "true or false"}

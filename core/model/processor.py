@@ -14,7 +14,6 @@ batch are skipped (an inference batch has no ``action``); other keys pass throug
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -26,7 +25,7 @@ from lerobot_kit.core.data.dataset import ACTION_KEY, DatasetMeta
 from lerobot_kit.core.errors import CheckpointError, ConfigError, first_line
 from lerobot_kit.core.layout.file_rules import processor_problems
 from lerobot_kit.core.layout.hub_snapshot import cached_repo_of
-from lerobot_kit.core.layout.json_file import read_json
+from lerobot_kit.core.layout.json_file import read_json, write_json
 from lerobot_kit.core.layout.safetensors_header import read_safetensors_header
 from lerobot_kit.core.layout.file_modes import save_safetensors
 
@@ -151,7 +150,7 @@ class PolicyProcessor:
             if state_file is not None:
                 save_safetensors({k: v.detach().cpu().contiguous() for k, v in state.items()}, directory / state_file)
             entries.append({"registry_name": step.name, "config": step.config(), "state_file": state_file})
-        (directory / f"{name}.json").write_text(json.dumps({"name": name, "steps": entries}, indent=2) + "\n")
+        write_json(directory / f"{name}.json", {"name": name, "steps": entries})
 
     @classmethod
     def load(cls, directory: Path, name: str) -> PolicyProcessor:
