@@ -14,7 +14,9 @@ Stable:
   plugin's own JSON-valued flags, ``decode_json`` and ``read_json_file`` (finite numbers, bounded
   depth and size, no FIFO or device read), which raise ``UnusableJson`` with a one-phrase reason;
   for a plugin's own JSON files (a dataset's metadata), ``read_json(path, fix, error=...)``, the
-  value or one line of the plugin's error naming the file, the problem and the fix; for any
+  value or one line of the plugin's error naming the file, the problem and the fix,
+  ``decode_json_bytes`` for bytes a plugin read its own way (``UnusableJson`` as a file read
+  gives), and ``write_json(path, data)``, which writes them as lerobot-kit writes its own; for any
   other file a plugin hands a library, ``open_regular(path)``, which opens a regular file only
   and raises ``NotRegularFile`` (its ``kind``: "a named pipe", ...) without blocking on a pipe;
   ``byte_size``, a byte count as lerobot-kit's messages write it (``12.34 MiB``);
@@ -99,7 +101,7 @@ from lerobot_kit.core.distributed.launcher import DEFAULT_MASTER_PORT, LaunchEnv
 from lerobot_kit.core.errors import CheckpointError, ConfigError, LerobotError, PluginError
 from lerobot_kit.core.eval.env import Info, Observation, VectorEnv
 from lerobot_kit.core.layout.byte_size import byte_size
-from lerobot_kit.core.layout.json_file import read_json
+from lerobot_kit.core.layout.json_file import decode_json_bytes, read_json, write_json
 from lerobot_kit.core.layout.paths import ADAPTER_WEIGHTS, DCP_MODEL_DIR, MODEL_WEIGHTS
 from lerobot_kit.core.layout.regular_file import NotRegularFile, open_regular
 from lerobot_kit.core.offline.weight_shapes import WeightShapes
@@ -201,6 +203,7 @@ __all__ = [
     "camera_to_float",
     "compute_stats",
     "decode_json",
+    "decode_json_bytes",
     "env_int",
     "expand_delta_indices",
     "feature_dims",
@@ -224,6 +227,7 @@ __all__ = [
     "train",
     "vector_stats",
     "write_gathered",
+    "write_json",
     "write_shards",
     "write_weights_file",
 ]

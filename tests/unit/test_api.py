@@ -32,8 +32,9 @@ STABLE = {
     # A plugin's JSON-valued flags (the LeRobot plugin's --dataset.mixture), read as the config's own.
     "decode_json", "read_json_file", "UnusableJson",
     # A plugin's own JSON files (the LeRobot plugin's dataset metadata): one line of its error each;
+    # those it reads its own way or writes (its column cache's manifest), as the core's are;
     # byte counts in its messages, written as the core's are.
-    "read_json", "byte_size",
+    "read_json", "decode_json_bytes", "write_json", "byte_size",
     # Files a plugin hands a library (the LeRobot bridge's tokenizer folders): never a named pipe.
     "open_regular", "NotRegularFile",
 }

@@ -18,7 +18,6 @@ is not found (a checksum would read every entry in full at every open).
 from __future__ import annotations
 
 import errno
-import json
 import math
 import os
 import stat
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lerobot_kit.api import UnusableJson, decode_json_bytes
 from lerobot_kit.plugins.datasets.lerobot.files import LeRobotDatasetError
 from lerobot_kit.plugins.datasets.lerobot.mapped import map_read_only
 from lerobot_kit.plugins.datasets.lerobot.meta import LeRobotInfo
@@ -133,9 +133,9 @@ def _manifest(entry: Path) -> dict:
     if len(raw) > MAX_MANIFEST_BYTES:
         raise EntryDamaged(f"its {MANIFEST} is over {MAX_MANIFEST_BYTES} bytes")
     try:
-        manifest = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise EntryDamaged(f"its {MANIFEST} is not valid JSON ({exc})") from exc
+        manifest = decode_json_bytes(raw)
+    except UnusableJson as exc:
+        raise EntryDamaged(f"its {MANIFEST} is {exc}") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise EntryDamaged(f"its {MANIFEST} is not one of format {FORMAT} (format: {found!r})")

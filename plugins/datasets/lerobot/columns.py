@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import json
 import logging
 import math
 import os
@@ -48,6 +47,7 @@ from typing import IO, TYPE_CHECKING, Hashable, Iterator
 
 import numpy as np
 
+from lerobot_kit.api import write_json
 from lerobot_kit.plugins.datasets.lerobot.cache_entry import (
     ALIGNMENT,
     ARRAYS,
@@ -288,7 +288,7 @@ def _build(info: LeRobotInfo, source: Path, rows: list[EpisodeRow], entry: Path)
                 images_of[feature.key] = [f"image{n}", f"image{n}.spans"]
         manifest["images"] = images_of
         manifest["arrays"] = writer.arrays
-        (tmp / MANIFEST).write_text(json.dumps(manifest))
+        write_json(tmp / MANIFEST, manifest)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):
