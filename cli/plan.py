@@ -20,6 +20,7 @@ import click
 from lerobot_kit.cli.errors import command_errors
 from lerobot_kit.core.errors import ConfigError
 from lerobot_kit.core.layout.byte_size import byte_size
+from lerobot_kit.core.run.reporting.banner import human_count, human_flops
 
 if TYPE_CHECKING:
     from lerobot_kit.core.plan.activation_plan import ActivationPlan
@@ -128,20 +129,6 @@ def _device_memory_gb(value: str | None) -> float | None:
 def _cut(value: str, limit: int = 40) -> str:
     """A flag's value as typed, cut short: it is echoed in an error line."""
     return value if len(value) <= limit else f"{value[:limit]}... ({len(value)} characters)"
-
-
-def human_flops(n: int) -> str:
-    for unit, size in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} FLOP"
-
-
-def human_count(n: int) -> str:
-    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.2f}{unit}"
-    return str(n)
 
 
 _BYTE_ROWS = (

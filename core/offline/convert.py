@@ -151,10 +151,11 @@ class ConvertResult:
     deleted_dcp: bool
 
     def summary(self) -> str:
-        rate = self.nbytes / 1e6 / max(self.seconds, 1e-9)
+        """The line convert-dcp ends with; the rate in the binary units of the size beside it."""
+        rate = byte_size(round(self.nbytes / max(self.seconds, 1e-9)))
         return (
             f"converted {self.tensors} tensors, {byte_size(self.nbytes)} -> {self.output} in {self.seconds:.2f}s "
-            f"({rate:.1f} MB/s)" + ("; DCP shards deleted" if self.deleted_dcp else "")
+            f"({rate}/s)" + ("; DCP shards deleted" if self.deleted_dcp else "")
         )
 
 

@@ -374,7 +374,7 @@ def test_crafted_metadata_runs_nothing(step_dir, tmp_path):
 def test_console_scripts_convert_and_report(step_dir):
     proc = run_cli("convert-dcp", f"--checkpoint_dir={step_dir}")
     assert proc.returncode == 0, proc.stderr
-    assert "converted 8 tensors" in proc.stdout and MODEL_WEIGHTS in proc.stdout and "MB/s" in proc.stdout
+    assert "converted 8 tensors" in proc.stdout and MODEL_WEIGHTS in proc.stdout and "iB/s)" in proc.stdout
 
     again = run_cli("convert-dcp", "--checkpoint_dir", str(step_dir / PRETRAINED_DIR))
     assert again.returncode == 1

@@ -16,11 +16,22 @@ if TYPE_CHECKING:
     from lerobot_kit.core.run.reporting.mfu import Utilization
 
 
-def _count(n: int) -> str:
+def human_count(n: int) -> str:
+    """A parameter count as the banner and ``lerobot plan`` both write it (``1.23M``), so the
+    two can be compared at a glance."""
     for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= size:
             return f"{n / size:.2f}{unit}"
     return str(n)
+
+
+def human_flops(count: int) -> str:
+    """A FLOP count as the banner's MFU line and ``lerobot plan`` both write it (``11.8 MFLOP``),
+    three significant digits: the count is an estimate, more digits would overstate it."""
+    for unit, size in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("KFLOP", 1e3)):
+        if count >= size:
+            return f"{count / size:.3g} {unit}"
+    return f"{count} FLOP"
 
 
 def local_numel(tensor: object) -> int:
@@ -64,7 +75,7 @@ def format_banner(
         f"effective batch {effective} = batch_size {config.batch_size} × dp_world_size {dims.dp_world_size} "
         f"× gradient_accumulation {accumulation}",
         f"precision {config.accelerator.mixed_precision} | wrap units: {unit_text}",
-        f"parameters {_count(total)} total, {_count(trainable)} trainable, {_count(per_rank)} on this rank",
+        f"parameters {human_count(total)} total, {human_count(trainable)} trainable, {human_count(per_rank)} on this rank",
         f"policy {config.policy.type} | dataset {config.dataset.type}{_mixture_text(config)} ({dataset_len} samples) "
         f"| steps "
         f"{start_step}→{config.steps} | output {run.output_dir}",

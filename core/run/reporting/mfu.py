@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from lerobot_kit.core.config.schema import AcceleratorConfig
+from lerobot_kit.core.run.reporting.banner import human_flops
 from lerobot_kit.core.run.reporting.model_flops import SampleFlops
 
 PEAK_FLAG = "--accelerator.peak_tflops"
@@ -107,14 +108,7 @@ class Utilization:
         """The banner's line: the FLOPs counted, the peak, and why a figure will be missing."""
         if self.flops.per_sample is None:
             return f"model FLOPs not counted ({self.flops.not_counted}): model_tflops and MFU left out of the log"
-        counted = f"model FLOPs {_flops(self.flops.per_sample)} per sample (forward and backward)"
+        counted = f"model FLOPs {human_flops(self.flops.per_sample)} per sample (forward and backward)"
         if self.peak.tflops is None:
             return f"{counted} | MFU: {self.peak.source}"
         return f"{counted} | peak {self.peak.tflops:g} TFLOP/s per device ({self.peak.source}) for MFU"
-
-
-def _flops(count: int) -> str:
-    for unit, size in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("KFLOP", 1e3)):
-        if count >= size:
-            return f"{count / size:.3g} {unit}"
-    return f"{count} FLOP"
