@@ -12,7 +12,7 @@ times (a notebook, a sweep running configs one after another in the same process
 ``init_distributed`` then joins that group instead of creating one, and ``shutdown``
 leaves it initialised.
 
-Call ``core.accelerate_guard.check_accelerate_env(os.environ)`` before
+Call ``core.distributed.accelerate_guard.check_accelerate_env(os.environ)`` before
 ``init_distributed``: the guard is about the user's configuration, this module only
 about the processes.
 """

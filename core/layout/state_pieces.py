@@ -1,7 +1,7 @@
 """The pieces of training state a checkpoint holds, by name, and where each one lives. Torch-free.
 
 A run's training state is one collection of named ``Stateful`` pieces
-(``core.checkpoint.training_state.TrainingState``): the model, the optimizer, the LR
+(``core.checkpoint.state.TrainingState``): the model, the optimizer, the LR
 schedule, the loss scaler, the random state and the data position. This table says, for
 each name, the files of a step folder that hold it (with when a checkpoint must hold
 them), or the field of ``training_step.json`` that does. The layout table

@@ -29,7 +29,7 @@ from lerobot_kit.api import PolicyConfig
 if TYPE_CHECKING:
     from lerobot_kit.api import DatasetMeta
 
-STATE_KEY = "observation.state"  # core.dataset.STATE_KEY, repeated: that module pulls numpy into --help
+STATE_KEY = "observation.state"  # core.data.dataset.STATE_KEY, repeated: that module pulls numpy into --help
 ACTION_KEY = "action"
 ALL_CAMERAS = "observation.images.*"  # core.data.windows.ALL_CAMERAS, repeated for the same reason
 
