@@ -120,6 +120,20 @@ def test_images_video_history_and_padding(tmp_path: Path, order: str) -> None:
     assert_items(load(tmp_path, HISTORY), written, video, HISTORY, indices)
 
 
+def test_a_request_spanning_data_files_in_any_order_holds_each_items_values(tmp_path: Path) -> None:
+    """A random batch mixes the episodes of several data and video files in no order: each file
+    is gathered once per column and the values land back on their own items."""
+    written = write_lerobot_dataset(tmp_path, LENGTHS, image=True, video=True, episodes_per_file=2)
+    video = video_truth(tmp_path, written, episodes_per_file=2)
+    dataset = load(tmp_path, HISTORY)
+    draw = np.random.default_rng(3)
+    for _ in range(6):
+        batch = draw.integers(0, len(dataset), 8).tolist()
+        for i, ours in zip(batch, dataset.items(batch)):
+            theirs = expected_item(written, video, i, HISTORY, image=True)
+            assert ours.keys() == theirs.keys() and all(same(ours[k], theirs[k]) for k in ours), (batch, i)
+
+
 @pytest.mark.parametrize("codec", ["h264_gop2", "av1"])
 def test_short_gop_video_as_lerobot_writes_it(tmp_path: Path, codec: str) -> None:
     written = write_lerobot_dataset(tmp_path, LENGTHS, video=True, image_size=64, codec=codec)

@@ -14,7 +14,7 @@ names and ask for the same frame offsets (``ItemLayout.signature``).
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from lerobot_kit.plugins.datasets.lerobot.files import LeRobotDatasetError
 if TYPE_CHECKING:
     import torch
 
+    from lerobot_kit.plugins.datasets.lerobot.columns import FileColumns
     from lerobot_kit.plugins.datasets.lerobot.meta import LeRobotInfo
     from lerobot_kit.plugins.datasets.lerobot.reader import LeRobotDataset
 
@@ -84,18 +85,31 @@ class _Request:
         self.ends = np.array(ends, dtype=np.int64)[:, None]
         self.to_row = np.array(to_row, dtype=np.int64)[:, None]
         self.episodes = [dataset.episodes[p] for dataset, p in zip(self.datasets, self.positions)]
-        # Items of one data file of one dataset: their numeric values come from one gather each.
-        self.by_data_file: dict[tuple[int, tuple[int, int]], list[int]] = {}
+        # Items of one data file of one dataset: their values come from one gather per column,
+        # and a mixture's members lie in runs, so a group is mostly a slice of the request.
+        by_data_file: dict[tuple[int, tuple[int, int]], list[int]] = {}
         for j, (dataset, episode) in enumerate(zip(self.datasets, self.episodes)):
-            self.by_data_file.setdefault((id(dataset), episode.data_file), []).append(j)
-        self.file_columns = {group: self.datasets[js[0]].columns(self.episodes[js[0]].data_file)
-                             for group, js in self.by_data_file.items()}
+            by_data_file.setdefault((id(dataset), episode.data_file), []).append(j)
+        self.item_columns: list[FileColumns] = [None] * len(frames)  # type: ignore[list-item]
+        self.file_groups: list[tuple[FileColumns, slice | list[int]]] = []
+        for js in by_data_file.values():
+            columns = self.datasets[js[0]].columns(self.episodes[js[0]].data_file)
+            for j in js:
+                self.item_columns[j] = columns
+            self.file_groups.append((columns, slice(js[0], js[-1] + 1) if js[-1] - js[0] + 1 == len(js) else js))
+        order = [j for js in by_data_file.values() for j in js]
+        self.unsort = None if order == sorted(order) else np.argsort(order)
 
     def __len__(self) -> int:
         return len(self.frames)
 
-    def columns(self, j: int) -> Any:
-        return self.file_columns[(id(self.datasets[j]), self.episodes[j].data_file)]
+    def gather(self, column: Callable[[FileColumns], np.ndarray], rows: np.ndarray) -> np.ndarray:
+        """``[items, frames, ...]`` of each item's data-file ``column`` at its cache ``rows``: one
+        gather per data file (a single dataset's request: one in all), laid in item order."""
+        if len(self.file_groups) == 1:
+            return column(self.file_groups[0][0])[rows]
+        gathered = np.concatenate([column(columns)[rows[where]] for columns, where in self.file_groups])
+        return gathered if self.unsort is None else gathered[self.unsort]
 
 
 def read_items(
@@ -112,7 +126,7 @@ def read_items(
     decoded = read_cameras(lambda key: _camera_windows(request, key, rows[:, layout.columns[key]]),
                            layout.cameras, video.KEPT_DECODERS)
     for key, where, pad_name in layout.numeric:
-        gathered = _gather(request, key, rows[:, where])
+        gathered = request.gather(lambda columns: columns.numeric[key], rows[:, where])
         values = torch.from_numpy(gathered)
         for item, value in zip(items, values.unbind() if pad_name else values[:, 0].unbind()):
             item[key] = value
@@ -140,20 +154,6 @@ def read_items(
     return out
 
 
-def _gather(request: _Request, key: str, rows: np.ndarray) -> np.ndarray:
-    """``[items, frames, ...]`` of numeric column ``key`` at each item's cache ``rows``: one
-    gather per data file (a single dataset's request: one in all)."""
-    if len(request.by_data_file) == 1:
-        (columns,) = request.file_columns.values()
-        return columns.numeric[key][rows]
-    parts = [(js, request.file_columns[group].numeric[key][rows[js]]) for group, js in request.by_data_file.items()]
-    sample = parts[0][1]
-    out = np.empty((len(request), *sample.shape[1:]), dtype=sample.dtype)
-    for js, part in parts:
-        out[js] = part
-    return out
-
-
 def _camera_windows(request: _Request, key: str, rows: np.ndarray) -> list[list[np.ndarray]]:
     """Per item, the uint8 ``[H, W, C]`` frames of camera ``key`` at its cache ``rows``: a video
     file's frames in one read, whichever items and episodes they belong to (its decoder
@@ -164,15 +164,15 @@ def _camera_windows(request: _Request, key: str, rows: np.ndarray) -> list[list[
         for j, (dataset, position) in enumerate(zip(request.datasets, request.positions)):
             out[j] = dataset.camera_frames(key, position, rows[j])
         return out
+    stamps = request.gather(lambda columns: columns.timestamp, rows).astype(np.float64)
+    times = np.array([episode.videos[key].from_timestamp for episode in request.episodes])[:, None] + stamps
     groups: dict[tuple[int, Any], list[int]] = {}
     for j, (dataset, episode) in enumerate(zip(request.datasets, request.episodes)):
         groups.setdefault((id(dataset), dataset.video_file(key, episode.videos[key])), []).append(j)
     for (_, path), js in groups.items():
-        dataset = request.datasets[js[0]]
-        times = np.concatenate([request.episodes[j].videos[key].from_timestamp
-                                + request.columns(j).timestamp[rows[j]].astype(np.float64) for j in js])
         episodes = [request.episodes[j].index for j in js for _ in range(width)]
-        found = dataset.decode_frames(path, key, episodes, times)
+        found = request.datasets[js[0]].decode_frames(path, key, episodes, times[js[0]] if len(js) == 1 else
+                                                      times[js].ravel())
         for n, j in enumerate(js):
             out[j] = found[n * width : (n + 1) * width]
     return out
@@ -181,7 +181,7 @@ def _camera_windows(request: _Request, key: str, rows: np.ndarray) -> list[list[
 def _add_tasks(request: _Request, items: list[dict[str, Any]], rows: list[int]) -> None:
     """Each item's ``task`` text, by its frame's ``task_index``; nothing for a dataset without tasks."""
     for j, (item, dataset, row) in enumerate(zip(items, request.datasets, rows)):
-        columns = request.columns(j)
+        columns = request.item_columns[j]
         if columns.task_index is None or not dataset.tasks:
             continue
         task_index = int(columns.task_index[row])
