@@ -53,13 +53,13 @@ def resume_advice(step_dir: Path) -> str:
 
 
 _OWN_FILES: tuple[LayoutFile, ...] = (
-    LayoutFile(f"{P}/{paths.POLICY_CONFIG}", for_loading=True),
+    LayoutFile(f"{P}/{paths.POLICY_CONFIG}", for_loading=True, essential=True),
     LayoutFile(f"{P}/{paths.DATASET_META}", for_loading=True),
     LayoutFile(f"{P}/{paths.PREPROCESSOR}.json", for_loading=True),
     LayoutFile(f"{P}/{paths.POSTPROCESSOR}.json", for_loading=True),
     LayoutFile(f"{P}/{paths.TRAIN_CONFIG}"),
     *state_pieces.MODEL.files,
-    LayoutFile(f"{T}/{paths.TRAINING_STEP}"),
+    LayoutFile(f"{T}/{paths.TRAINING_STEP}", essential=True),
 )
 """The files no state piece holds, around the model's (in the order messages name them)."""
 

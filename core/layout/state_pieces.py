@@ -63,6 +63,14 @@ def state_pieces() -> tuple[StatePiece, ...]:
     return tuple(_PIECES.values())
 
 
+def tensor_files(piece: StatePiece, field: str, value: str) -> tuple[LayoutFile, ...]:
+    """The files holding ``piece``'s tensors in a checkpoint whose record says ``field: value``
+    (``weights: gathered``: the one file, full or adapter; ``weights: dcp``: the shards), in
+    table order: what a checkpoint's files say about how it was stored, where no record does."""
+    return tuple(file for file in piece.files
+                 if file.holds_tensors and file.depends_on(field) and file.accepts(field, value))
+
+
 def state_piece(name: str) -> StatePiece:
     try:
         return _PIECES[name]

@@ -58,15 +58,24 @@ from lerobot_kit.core.layout.file_rules import (
     policy_config_problems,
     processor_problems,
 )
-from lerobot_kit.core.layout.files import CheckpointKind, content_rule, missing, older_layout, resumable_record
+from lerobot_kit.core.layout.files import (
+    CheckpointKind,
+    content_rule,
+    layout_files,
+    missing,
+    older_layout,
+    resumable_record,
+)
 from lerobot_kit.core.layout.hub_snapshot import cached_repo_of
 from lerobot_kit.core.layout.json_file import json_type, read_json
 from lerobot_kit.core.layout.safetensors_header import read_safetensors_header, tensors
+from lerobot_kit.core.layout.state_pieces import MODEL, tensor_files
 from lerobot_kit.core.layout.training_step import TrainingStep, other_layout, recorded_training_step
 from lerobot_kit.core.layout.training_step import problems as record_problems
 
 Shapes = dict[str, tuple[int, ...]]
-GATHERED_WEIGHTS = (f"{L.PRETRAINED_DIR}/{L.MODEL_WEIGHTS}", f"{L.PRETRAINED_DIR}/{L.ADAPTER_WEIGHTS}")
+GATHERED_WEIGHTS = tuple(file.path for file in tensor_files(MODEL, "weights", "gathered"))
+_MODEL_SHARDS = tensor_files(MODEL, "weights", "dcp")
 RECORD = f"{L.TRAINING_STATE_DIR}/{L.TRAINING_STEP}"
 
 # What a problem is, which decides what a refusal says about it.
@@ -145,7 +154,7 @@ class CheckedFolder:
         if not (problem.file == prefix or problem.file.startswith(prefix)):
             return False
         name = problem.file.removeprefix(prefix).split("/", 1)[0]
-        return unopenable or name not in (L.TRAIN_CONFIG, L.DCP_MODEL_DIR)
+        return unopenable or name not in _not_loaded()
 
     def shapes(self, rel: str) -> Shapes | None:
         """Tensor name -> shape of a safetensors file or whole DCP folder that was read."""
@@ -379,9 +388,8 @@ class CheckedFolder:
             available[shape] -= 1
 
     def _reference_weights(self, peft: bool) -> Weights | None:
-        """The weights the optimizer updated: the gathered file, else whole DCP shards."""
-        P = self.pretrained
-        for rel in (f"{P}/{L.ADAPTER_WEIGHTS if peft else L.MODEL_WEIGHTS}", f"{P}/{L.DCP_MODEL_DIR}"):
+        """The weights the optimizer updated: the gathered file, else whole DCP shards (a step folder's)."""
+        for rel in (file.path for file in MODEL.files if file.holds_tensors and file.accepts("peft", peft)):
             shapes = self.shapes(rel)
             if shapes is not None:
                 names = frozenset(self.dcp[rel].state_dict_metadata) if rel in self.dcp else frozenset(shapes)
@@ -420,7 +428,7 @@ def check_pretrained_folder(folder: Path) -> CheckedFolder:
             except CheckpointError as err:
                 checked.problems.append(Problem.of(RECORD, err))
         if record is not None:  # the files its record makes loading need, by the layout table's words
-            shards = os.path.isdir(folder / L.DCP_MODEL_DIR)
+            shards = any(os.path.isdir(folder.parent / file.path) for file in _MODEL_SHARDS)
             try:
                 lacking = list(missing(folder.parent, CheckpointKind.of(record)))
             except CheckpointAccessError as err:
@@ -482,6 +490,15 @@ def first_problem(problems: list[Problem]) -> Problem:
 
 
 # --- small helpers ------------------------------------------------------------------------
+
+
+def _not_loaded() -> frozenset[str]:
+    """The names in the pretrained folder of the table's files that loading does not read (the run's
+    config, the shards): a problem with one of them stops a resume, not a load. Read when asked,
+    so that the files of a plugin's piece count too."""
+    prefix = f"{L.PRETRAINED_DIR}/"
+    return frozenset(file.path.removeprefix(prefix) for file in layout_files()
+                     if file.path.startswith(prefix) and not file.for_loading)
 
 
 def state_param(name: str) -> str | None:
