@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from lerobot_kit.core.layout import files, manifest, state_pieces, training_step
 from lerobot_kit.core.layout import paths as L
 from lerobot_kit.core.layout.byte_size import byte_size
 from lerobot_kit.core.layout.dcp_metadata import tensor_entries
+from lerobot_kit.core.layout.layout_file import LayoutFile
 from lerobot_kit.core.layout.safetensors_header import tensor_nbytes, tensors
 from lerobot_kit.core.layout.training_step import OPTIMIZER_KINDS, WEIGHTS_KINDS
 from lerobot_kit.core.layout.validate import (
@@ -217,9 +219,7 @@ class _Inspector:
         peft = self._is_peft(ts)
         if not peft:
             self._check_weight_shapes()
-        self._require(self.pretrained, L.POLICY_CONFIG)
-        if not self.policy_folder:
-            self._require(L.TRAINING_STATE_DIR, L.TRAINING_STEP)
+        self._require_essential()
         if ts is not None and self.checked.other_layout is None:
             self._check_required(ts)
         loadable = self._loadable(peft)
@@ -303,10 +303,14 @@ class _Inspector:
             return Checksums("failed", f"{len(findings)} of {len(recorded)} files differ from {L.MANIFEST}")
         return Checksums("verified", f"{len(recorded)} files match {L.MANIFEST}")
 
+    def _shape_sources(self) -> tuple[str, str]:
+        """The files the weights' shapes are built from: ``config.json`` and the dataset's features."""
+        return f"{self.pretrained}/{L.POLICY_CONFIG}", f"{self.pretrained}/{L.DATASET_META}"
+
     def _check_weight_shapes(self) -> None:
         """The stored weights against the shapes ``config.json`` builds (its policy's ``weight_shapes``)."""
         parsed = self.checked.json
-        config_rel = f"{self.pretrained}/{L.POLICY_CONFIG}"
+        config_rel, meta_rel = self._shape_sources()
         config = parsed.get(config_rel)
         if not (isinstance(config, dict) and isinstance(config.get("type"), str)):
             self.shapes_unknown = f"{L.POLICY_CONFIG} names no policy type"
@@ -314,8 +318,7 @@ class _Inspector:
         if any(p.file == config_rel for p in self.checked.problems):  # the shared check named its problem
             self.shapes_unknown = f"{L.POLICY_CONFIG} is not a valid config"
             return
-        meta_rel = f"{self.pretrained}/{L.DATASET_META}"
-        if self._exists(self.pretrained, L.DATASET_META) and meta_rel not in parsed:
+        if self._exists(meta_rel) and meta_rel not in parsed:
             self.shapes_unknown = f"{L.DATASET_META} is unreadable"
             return
         expected = expected_shapes(config, parsed.get(meta_rel))
@@ -324,7 +327,8 @@ class _Inspector:
         if expected.shapes is None:
             self.shapes_unknown = expected.why_unknown or f"{L.POLICY_CONFIG} does not describe a model"
             return
-        for rel in (f"{self.pretrained}/{L.MODEL_WEIGHTS}", f"{self.pretrained}/{L.DCP_MODEL_DIR}"):
+        full = (file for file in state_pieces.MODEL.files if file.holds_tensors and not _adapter(file))
+        for rel in self._rels(full):
             stored = self.checked.shapes(rel)
             mismatch = shape_mismatch(expected.shapes, stored) if stored is not None else None
             if mismatch:
@@ -358,53 +362,71 @@ class _Inspector:
             self.problems = [p for p in self.problems if p.file != file.path]
             self.problems.append(Problem(file.path, line))
 
-    def _require(self, sub: str, name: str) -> None:
-        """A file every checkpoint holds, whatever its record says (or when there is none to say)."""
-        if self._exists(sub, name) or self._unopenable(f"{sub}/{name}"):
+    def _require_essential(self) -> None:
+        """The files the table requires whatever a record says (or when there is none to say): those
+        that make the folder a policy folder, and a step folder's record."""
+        for rel in self._rels(file for file in files.layout_files() if file.essential):
+            self._require(rel)
+
+    def _require(self, rel: str) -> None:
+        """A file every checkpoint holds: missing, or its folder missing, unless named unopenable already."""
+        if self._exists(rel) or self._unopenable(rel):
             return
+        sub = rel.rsplit("/", 1)[0]
         if not os.path.isdir(self.root / sub):
             if not any(p.file == f"{sub}/" for p in self.problems):
                 self._problem(f"{sub}/", "missing")
             return
-        self._problem(f"{sub}/{name}", f"missing ({files.ALWAYS})")
+        self._problem(rel, f"missing ({files.ALWAYS})")
 
     # --- verdicts ---------------------------------------------------------------------
 
     def _loadable(self, peft: bool) -> Verdict:
+        """What ``--policy.path`` would make of the folder: the layout table's files for loading, read
+        as the loader reads them (a PEFT checkpoint's adapter first, else the full weights)."""
         blocking = [p for p in self.problems if self.checked.blocks_loading(p)]
         if blocking:
             return Verdict(False, first_problem(blocking).line)
-        P = self.pretrained
-        if not self._is_file(P, L.POLICY_CONFIG):
-            return Verdict(False, f"{P}/{L.POLICY_CONFIG} is missing")
-        if peft and self._is_file(P, L.ADAPTER_WEIGHTS):
-            if not self._is_file(P, L.ADAPTER_CONFIG):
-                return Verdict(False, f"{P}/{L.ADAPTER_CONFIG} is missing")
-            return Verdict(True, f"PEFT adapter {P}/{L.ADAPTER_WEIGHTS} on its base policy")
-        if self._is_file(P, L.MODEL_WEIGHTS):
-            weights = f"{P}/{L.MODEL_WEIGHTS}"
-            if not self.shapes_unknown:
-                return Verdict(True, f"{weights}, its shapes as {L.POLICY_CONFIG} builds the model")
-            together = {f"{P}/{L.POLICY_CONFIG}", weights}
-            if self._exists(P, L.DATASET_META):
-                together.add(f"{P}/{L.DATASET_META}")
-            if self.matching.issuperset(together):
-                return Verdict(
-                    True,
-                    f"{weights}, saved together with {L.POLICY_CONFIG}: both match {L.MANIFEST} "
-                    f"({self.shapes_unknown})",
-                )
-            return Verdict(
-                None,
-                f"{weights} is whole, but its shapes are unchecked: {self.shapes_unknown}, and no verified "
-                f"{L.MANIFEST} ties it to {L.POLICY_CONFIG}",
-            )
-        if self.checked.shapes(f"{P}/{L.DCP_MODEL_DIR}") is not None and not self.policy_folder:
+        for rel in self._rels(file for file in files.layout_files() if file.essential and file.for_loading):
+            if not self._is_file(rel):
+                return Verdict(False, f"{rel} is missing")
+        for weights in _weights_loaded(peft):
+            if self._holds(weights):
+                return self._adapter_verdict(weights) if _adapter(weights) else self._full_weights_verdict(weights)
+        shards = self._rels(state_pieces.tensor_files(state_pieces.MODEL, "weights", "dcp"))
+        if any(self.checked.shapes(rel) is not None for rel in shards) and not self.policy_folder:
             return Verdict(
                 False,
                 f"the weights are DCP shards only; run `lerobot convert-dcp --checkpoint_dir={self.root}` first",
             )
-        return Verdict(False, f"{P}/ holds no loadable weights")
+        return Verdict(False, f"{self.pretrained}/ holds no loadable weights")
+
+    def _adapter_verdict(self, adapter: LayoutFile) -> Verdict:
+        """An adapter loads onto its base policy with the other files loading reads of a PEFT checkpoint alone."""
+        alongside = (file for file in files.layout_files()
+                     if file.for_loading and _adapter(file) and not file.holds_tensors)
+        for rel in self._rels(alongside):
+            if not self._is_file(rel):
+                return Verdict(False, f"{rel} is missing")
+        return Verdict(True, f"PEFT adapter {self._rels([adapter])[0]} on its base policy")
+
+    def _full_weights_verdict(self, file: LayoutFile) -> Verdict:
+        """Full weights load when their shapes are what ``config.json`` builds, or, where those cannot be
+        known, when a verified ``checksums.json`` says they were saved with it."""
+        weights = self._rels([file])[0]
+        if not self.shapes_unknown:
+            return Verdict(True, f"{weights}, its shapes as {L.POLICY_CONFIG} builds the model")
+        together = {weights, *(rel for rel in self._shape_sources() if self._exists(rel))}
+        if self.matching.issuperset(together):
+            return Verdict(
+                True,
+                f"{weights}, saved together with {L.POLICY_CONFIG}: both match {L.MANIFEST} ({self.shapes_unknown})",
+            )
+        return Verdict(
+            None,
+            f"{weights} is whole, but its shapes are unchecked: {self.shapes_unknown}, and no verified "
+            f"{L.MANIFEST} ties it to {L.POLICY_CONFIG}",
+        )
 
     def _word_layout_problems(self, loadable: Verdict) -> None:
         if loadable.ok:
@@ -443,14 +465,12 @@ class _Inspector:
     def _is_peft(self, ts: dict[str, Any] | None) -> bool:
         if ts is not None and isinstance(ts.get("peft"), bool):
             return ts["peft"]
-        return self._is_file(self.pretrained, L.ADAPTER_WEIGHTS)
+        return any(self._holds(file) for file in state_pieces.MODEL.files if file.holds_tensors and _adapter(file))
 
     def _weights_kind(self, ts: dict[str, Any] | None) -> str | None:
         if ts is not None and ts.get("weights") in WEIGHTS_KINDS:
             return ts["weights"]
-        P = self.pretrained
-        gathered = self._is_file(P, L.MODEL_WEIGHTS) or self._is_file(P, L.ADAPTER_WEIGHTS)
-        shards = self._exists(P, L.DCP_MODEL_DIR)
+        gathered, shards = (self._holds_any(state_pieces.MODEL, "weights", kind) for kind in ("gathered", "dcp"))
         return {(True, False): "gathered", (False, True): "dcp", (True, True): "gathered+dcp"}.get((gathered, shards))
 
     def _optimizer_kind(self, ts: dict[str, Any] | None) -> str | None:
@@ -458,9 +478,12 @@ class _Inspector:
             return None
         if ts is not None and ts.get("optimizer") in OPTIMIZER_KINDS:
             return ts["optimizer"]
-        if self._exists(L.TRAINING_STATE_DIR, L.DCP_OPTIMIZER_DIR):
-            return "dcp"
-        return "safetensors" if self._is_file(L.TRAINING_STATE_DIR, L.OPTIMIZER_STATE) else None
+        stored = (kind for kind in ("dcp", "safetensors") if self._holds_any(state_pieces.OPTIMIZER, "optimizer", kind))
+        return next(stored, None)  # shards first, as a resume reads them first
+
+    def _holds_any(self, piece: state_pieces.StatePiece, field: str, kind: str) -> bool:
+        """Whether the folder holds ``piece``'s tensors as a record saying ``field: kind`` has them stored."""
+        return any(self._holds(file) for file in state_pieces.tensor_files(piece, field, kind))
 
     def _step(self, ts: dict[str, Any] | None) -> int | None:
         if ts is not None and type(ts.get("step")) is int:
@@ -468,6 +491,22 @@ class _Inspector:
         if self.policy_folder:
             return None
         return int(self.root.name) if L.is_step_dir_name(self.root.name) else None
+
+    def _rels(self, found: Iterable[LayoutFile]) -> list[str]:
+        """Where this folder keeps files of the layout table (whose paths are the step folder's): a
+        policy folder is a pretrained folder alone, under its own name, with none of the others."""
+        prefix = f"{L.PRETRAINED_DIR}/"
+        rels = []
+        for file in found:
+            if file.path.startswith(prefix):
+                rels.append(f"{self.pretrained}/{file.path.removeprefix(prefix)}")
+            elif not self.policy_folder:
+                rels.append(file.path)
+        return rels
+
+    def _holds(self, file: LayoutFile) -> bool:
+        """Whether the folder holds ``file`` as the entry the table says: a folder, or a regular file."""
+        return any(self._exists(rel) if file.folder else self._is_file(rel) for rel in self._rels([file]))
 
     def _exists(self, *parts: str) -> bool:
         return os.path.exists(self.root.joinpath(*parts))  # False, not an error, where this user may not look
@@ -486,6 +525,18 @@ class _Inspector:
 
     def _problem(self, rel: str, message: str) -> None:
         self.problems.append(Problem(rel, f"{rel}: {message}"))
+
+
+def _adapter(file: LayoutFile) -> bool:
+    """Whether only a PEFT checkpoint holds ``file`` (its adapter's weights or config)."""
+    return not file.accepts("peft", False)
+
+
+def _weights_loaded(peft: bool) -> list[LayoutFile]:
+    """The gathered weights loading reads, in the order it looks for them: a PEFT checkpoint's adapter
+    first, then (for any checkpoint) the full model's."""
+    gathered = state_pieces.tensor_files(state_pieces.MODEL, "weights", "gathered")
+    return [file for file in gathered if peft and _adapter(file)] + [file for file in gathered if not _adapter(file)]
 
 
 def trained_on(train_config: Any) -> dict[str, Any] | None:
