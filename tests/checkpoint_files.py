@@ -5,9 +5,12 @@ optimizer state after one AdamW step written by the trainer's own function, ever
 random state as ``capture_rng`` takes it, the processors' files, the record as the
 trainer's ``RunFacts`` builds it, and ``checksums.json``; tests then damage one thing. The
 policy type is one no plugin declares shapes for, so the weights are loadable by the
-manifest tying them to ``config.json``. What the trainer itself writes for the same state
-is compared with these files, name for name and field for field, in
-``tests/integration/test_state_pieces.py``.
+manifest tying them to ``config.json``. What the trainer itself writes for the same kind of
+checkpoint (gathered weights, DCP shards or both, a PEFT adapter, fp16's loss scaler) is
+compared with these files, name for name and field for field, in
+``tests/integration/test_state_pieces.py``. ``optimizer_keys="index"`` is the one option no
+real saver matches: the trainer keys optimizer state by parameter name; index keys are
+torch's own ``optimizer.state_dict()``, which the checks accept too.
 """
 
 from __future__ import annotations
