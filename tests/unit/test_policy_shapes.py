@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 
@@ -44,11 +43,6 @@ ACT_CASES = [
 @pytest.mark.parametrize(("fields", "sizes"), ACT_CASES)
 def test_act_shapes_equal_the_model(fields: dict, sizes: tuple[int, int, int]) -> None:
     _assert_equal_to_built(ACTConfig(**fields), _meta(*sizes))
-
-
-@pytest.mark.skipif(importlib.util.find_spec("torchvision") is None, reason="resnet18 needs torchvision")
-def test_act_resnet18_shapes_equal_the_model() -> None:
-    _assert_equal_to_built(ACTConfig(vision_backbone="resnet18"), _meta(2, 2, 1))
 
 
 DIFFUSION_CASES = [
