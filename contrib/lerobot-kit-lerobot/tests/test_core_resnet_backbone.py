@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import torch
 
-from lerobot_kit.api import WeightShapes
-from lerobot_kit.core.data.dataset import DatasetMeta, FeatureSpec
-from lerobot_kit.core.model.policy import make_policy
-from lerobot_kit.plugins.policies.act.configuration import ACTConfig
+from lerobot_kit.api import DatasetMeta, FeatureSpec, WeightShapes, build_policy, parse_train_config
 
 
 def test_core_act_resnet18_planned_shapes_equal_the_built_model() -> None:
     features = {"action": FeatureSpec("float32", (2,)), "observation.state": FeatureSpec("float32", (2,)),
                 "observation.images.cam0": FeatureSpec("image", (3, 16, 16))}
     meta = DatasetMeta(features=features, stats={}, fps=10, num_episodes=1, num_frames=10)
-    config = ACTConfig(vision_backbone="resnet18")
+    config = parse_train_config(["--policy.type=act", "--policy.vision_backbone=resnet18"]).policy
     assert isinstance(config, WeightShapes)
     with torch.device("meta"):
-        built = {k: tuple(v.shape) for k, v in make_policy(config, meta).state_dict().items()}
+        built = {k: tuple(v.shape) for k, v in build_policy(config, meta).state_dict().items()}
     assert any("backbone" in key for key in built)
     assert config.weight_shapes(meta) == built
