@@ -386,6 +386,34 @@ def test_root_without_a_dataset_is_an_error_that_says_how_to_fix(tmp_path: Path)
     assert "--dataset.allow_download=true" in str(error.value)
 
 
+@pytest.mark.parametrize("special", ["named pipe", "folder"])
+def test_a_dataset_file_that_is_a_named_pipe_or_a_folder_is_named_as_such(tmp_path: Path, special: str) -> None:
+    """Opening never blocks on a named pipe, and the message says what is there instead of
+    calling the file missing."""
+    import os
+
+    write_lerobot_dataset(tmp_path, LENGTHS, video=True)
+    kind = {"named pipe": "a named pipe, not a file", "folder": "a folder, not a file"}[special]
+    for relative in ("meta/info.json", "data/chunk-000/file-000.parquet", f"videos/{VIDEO_KEY}/chunk-000/file-000.mp4"):
+        path = tmp_path / relative
+        kept = path.read_bytes()
+        path.unlink()
+        if special == "named pipe":
+            os.mkfifo(path)
+        else:
+            path.mkdir()
+        with pytest.raises(LeRobotDatasetError) as error:
+            load(tmp_path)
+        message = str(error.value)
+        assert message.startswith(f"{path}: {kind}; ") and "re-download" in message and "\n" not in message
+        if special == "folder":
+            path.rmdir()
+        else:
+            path.unlink()
+        path.write_bytes(kept)
+    assert len(load(tmp_path)) == sum(LENGTHS)
+
+
 def test_opening_reads_metadata_only_and_the_column_cache_is_built_once(tmp_path: Path) -> None:
     write_lerobot_dataset(tmp_path, LENGTHS, image=True, video=True)
     dataset = load(tmp_path)

@@ -185,6 +185,16 @@ def test_a_bad_mixture_is_one_line_naming_the_member(members: Path, entries: lis
     assert expected in str(info.value) and "\n" not in str(info.value)
 
 
+def test_two_members_reading_one_folder_are_refused_as_a_repeated_member(members: Path) -> None:
+    entries = [{"repo_id": "t/a"}, {"repo_id": "t/c"}, {"repo_id": "t/other", "root": f"{members / 'a'}/."}]
+    with pytest.raises(ConfigError) as info:
+        build(mixture_flags(members, *entries))
+    assert str(info.value) == (
+        f"mixture member 2 (t/other) reads the folder {(members / 'a').resolve()} that member 0 (t/a) reads; each "
+        "dataset is listed once (raise its weight to sample it more)"
+    )
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [

@@ -7,11 +7,12 @@ the loader.
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from lerobot_kit.api import LerobotError
+from lerobot_kit.api import LerobotError, NotRegularFile
 from lerobot_kit.api import read_json as api_read_json
 
 if TYPE_CHECKING:
@@ -90,7 +91,22 @@ def _open_parquet(path: Path, what: str) -> pq.ParquetFile:
 
 
 def _check_exists(path: Path, what: str) -> None:
-    if not path.is_file():
+    if problem := file_problem(path):
         raise LeRobotDatasetError(
-            f"{path}: missing; it should hold {what}. The dataset is incomplete: re-copy or re-download it"
+            f"{path}: {problem}; it should hold {what}. The dataset is incomplete: re-copy or re-download it"
         )
+
+
+def file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be read as one of the dataset's files ("missing", "a named pipe,
+    not a file"), or None for a regular file: a named pipe or a device is named as what it
+    is, since calling it missing sends the user looking for a file that is there."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if stat.S_ISREG(mode):
+        return None
+    return f"{NotRegularFile(path, mode).kind.replace('a directory', 'a folder')}, not a file"

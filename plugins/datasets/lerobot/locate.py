@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from lerobot_kit.plugins.datasets.lerobot.files import LeRobotDatasetError
+from lerobot_kit.plugins.datasets.lerobot.files import LeRobotDatasetError, file_problem
 
 INFO_FILE = "meta/info.json"
 DEFAULT_REFS = ("v3.0", "main")
@@ -42,8 +42,14 @@ def locate_dataset(repo_id: str, root: str | None, revision: str | None, allow_d
     """The folder holding ``meta/info.json`` of ``repo_id``; downloads only if allowed."""
     if root is not None:
         folder = Path(root).expanduser()
-        if (folder / INFO_FILE).is_file():
+        problem = file_problem(folder / INFO_FILE)
+        if problem is None:
             return folder
+        if problem != "missing":
+            raise LeRobotDatasetError(
+                f"{folder / INFO_FILE}: {problem}; put the dataset's meta/info.json there (re-copy or re-download "
+                "the dataset)"
+            )
         if allow_download:
             return _download(repo_id, revision, local_dir=folder)
         raise LeRobotDatasetError(

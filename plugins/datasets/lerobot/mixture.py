@@ -16,6 +16,7 @@ limit toward the hard one (``open_files``).
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lerobot_kit.api import ConfigError, LerobotError, MixtureDataset, MixtureMember, member_delta_indices
@@ -37,6 +38,7 @@ def make_lerobot_mixture(config: LeRobotDatasetConfig, delta_indices: dict[str, 
         datasets = list(pool.map(lambda spec: _open_member(config, spec, delta_indices), specs))
     finally:  # a member's error (or a stop signal) leaves the members not yet started unopened
         pool.shutdown(wait=True, cancel_futures=True)
+    _refuse_shared_folders(specs, datasets)
     raise_open_file_limit(sum(_video_files(dataset) for dataset in datasets))
     members = [MixtureMember(spec["repo_id"], dataset, dict(spec["rename_map"]), spec["weight"])
                for spec, dataset in zip(specs, datasets)]
@@ -60,6 +62,22 @@ def _open_member(config: LeRobotDatasetConfig, spec: dict[str, Any], delta_indic
         return open_lerobot_dataset(member_config, offsets)
     except LerobotError as exc:
         raise _named(exc, spec["repo_id"]) from exc
+
+
+def _refuse_shared_folders(specs: list[dict[str, Any]], datasets: list[LeRobotDataset]) -> None:
+    """Two members read from one folder (the same "root" under two ids, or a root that is
+    another member's cache folder): the data would be drawn twice as often as its weight
+    says, so it is refused as a repeated ``repo_id`` is."""
+    first: dict[Path, int] = {}
+    for position, dataset in enumerate(datasets):
+        folder = Path(dataset.root).resolve()
+        earlier = first.setdefault(folder, position)
+        if earlier != position:
+            raise ConfigError(
+                f"mixture member {position} ({specs[position]['repo_id']}) reads the folder {folder} that member "
+                f"{earlier} ({specs[earlier]['repo_id']}) reads; each dataset is listed once (raise its weight to "
+                "sample it more)"
+            )
 
 
 def _video_files(dataset: LeRobotDataset) -> int:

@@ -41,7 +41,12 @@ from lerobot_kit.api import (
 )
 from lerobot_kit.plugins.datasets.lerobot import images, video
 from lerobot_kit.plugins.datasets.lerobot.columns import FileColumns, cached_file_columns, episode_rows
-from lerobot_kit.plugins.datasets.lerobot.files import LeRobotDatasetError, require_pil, require_pyarrow
+from lerobot_kit.plugins.datasets.lerobot.files import (
+    LeRobotDatasetError,
+    file_problem,
+    require_pil,
+    require_pyarrow,
+)
 from lerobot_kit.plugins.datasets.lerobot.finite import check_finite
 from lerobot_kit.plugins.datasets.lerobot.item_reads import ItemLayout, read_items
 from lerobot_kit.plugins.datasets.lerobot.locate import locate_dataset
@@ -252,9 +257,9 @@ def _check_data_files(info: LeRobotInfo, all_episodes: dict[int, EpisodeRow], ep
         path = info.data_file(*data_file)
         held = [row for row in all_episodes.values() if row.data_file == data_file]
         what = f"the frames of episode(s) {sorted(r.index for r in held)}"
-        if not path.is_file():
+        if problem := file_problem(path):
             raise LeRobotDatasetError(
-                f"{path}: missing; it should hold {what}. The dataset is incomplete: re-copy or re-download it"
+                f"{path}: {problem}; it should hold {what}. The dataset is incomplete: re-copy or re-download it"
             )
         try:
             rows = pq.read_metadata(path).num_rows
@@ -268,5 +273,7 @@ def _check_data_files(info: LeRobotInfo, all_episodes: dict[int, EpisodeRow], ep
             )
     for key in info.keys("video"):
         for path in sorted({info.video_file(key, row.videos[key]) for row in episodes}):
-            if not path.is_file():
-                raise LeRobotDatasetError(f"{path}: missing; it holds video {key!r}. The dataset is incomplete")
+            if problem := file_problem(path):
+                raise LeRobotDatasetError(
+                    f"{path}: {problem}; it holds video {key!r}. The dataset is incomplete: re-copy or re-download it"
+                )

@@ -233,7 +233,7 @@ class VideoDecoders:
             self._forget(path)
             raise LeRobotDatasetError(
                 f"{path}: cannot decode video {key!r} at {wanted[0]:.4f}s (episode {episode_at(wanted[0])}): "
-                f"{type(exc).__name__}: {exc}"
+                f"{type(exc).__name__}: {exc}; the file is damaged: re-copy or re-download the dataset"
             ) from exc
         for time in wanted:
             if float(time) not in found:
