@@ -37,7 +37,9 @@ machine shared with other work, wall time favours the side with more runnable th
 details. A third reference, reported without a goal, is the same 2 processes reading
 random frames as cheaply as a random reader can (seek to the key frame at or before the
 frame, decode up to it, convert that frame): what uniform sampling costs the decoder
-alone. Each block first takes the batches the workers prefetched while the other side
+alone. The same loader with ``--dataset.sampler.type=episode_blocks`` (workers decode
+blocks of an episode's consecutive frames front to back; a shuffle buffer mixes them
+into batches) is held to the front-to-back limit too, goal ≥ 0.5. Each block first takes the batches the workers prefetched while the other side
 ran, then times the next ones. Whether the camera frames of 16 random items equal
 LeRobot's is a row of its own; each comparison's details record the load average after
 it, and the comparison with LeRobot's reader also per CPU-second of each side's processes
@@ -91,10 +93,13 @@ BLOCK_GOAL = ">= 0.5"
 WAIT_GOAL = "<= 0.05"
 LEROBOT_GOAL = ">= 5"
 LIMIT_GOAL = ">= 0.5"
+BLOCKS_FLAG = "--dataset.sampler.type=episode_blocks"
 LIMIT_NOTES = {
     "decoder limit": "ours: build_loader (shuffled, batch {batch}, {workers} workers, chunk {chunk}, uint8 frames), "
                      "CPU of its main process and workers; limit: {workers} processes, 1 PyAV thread each, every "
                      "frame decoded and converted to RGB24, frames / cameras",
+    "decoder limit, episode blocks": "ours: build_loader as above with " + BLOCKS_FLAG + "; limit: {workers} "
+                                     "processes decoding front to back as above",
     "random-read limit": "limit: {workers} processes, 1 PyAV thread each, a random frame each: seek to the key frame "
                          "at or before it, decode up to it, convert it to RGB24; frames / cameras",
 }
@@ -275,12 +280,7 @@ def _same_items(ctx: Context, root: Path, lerobot: LineServer) -> bool:
 
 
 def _against_lerobot_and_decoder(ctx: Context, result: Result) -> None:
-    import torch
-
-    from lerobot_kit.core.config.flags import parse_train_config
-    from lerobot_kit.core.data.build import build_dataset
-    from lerobot_kit.core.data.loader import PREFETCH_BATCHES, build_loader
-    from lerobot_kit.core.data.sampler import DataPosition
+    from lerobot_kit.core.data.loader import PREFETCH_BATCHES
 
     python = None if ctx.smoke else lerobot_python()
     if python is None:
@@ -289,34 +289,30 @@ def _against_lerobot_and_decoder(ctx: Context, result: Result) -> None:
     for cameras in CAMERAS:
         root = video_dataset(ctx, ctx.pick(100, 2000), cameras)
         label = f"loader, {cameras} camera{'s' if cameras > 1 else ''} {_shape(root)} AV1"
-        config = parse_train_config([
-            "--dataset.repo_id=bench/video", f"--dataset.root={root}", f"--policy.chunk_size={CHUNK}",
-            f"--policy.n_action_steps={CHUNK}", f"--batch_size={BATCH}", f"--num_workers={WORKERS}",
-            f"--output_dir={ctx.folder(NAME, f'cameras{cameras}') / 'run'}"])
-        loader = build_loader(build_dataset(config), config, 1, 0, DataPosition(), torch.device("cpu"))
-        batches = iter(loader)
-        count = ctx.pick(2, 30)
-        pids, ours_cpu = [os.getpid()], []  # this process; its workers once started
-        ours = lambda: _drain(batches, skip, count, pids, ours_cpu)  # noqa: E731
-        ours()  # warm-up: workers started, decoders opened, column caches built
-        pids += [worker.pid for worker in loader._workers._workers]  # DataLoader's worker processes
+        loader, ours, ours_cpu = _timed_loader(ctx, root, cameras, [], skip)
+        blocks_loader, blocks, blocks_cpu = _timed_loader(ctx, root, cameras, [BLOCKS_FLAG], skip)
+        loaders = [loader, blocks_loader]
         limit_cpu: list[float] = []
         limit, random_limit, servers = _decoder_limit(ctx, root, cameras, limit_cpu)
+        front_to_back = f"decoding the same files front to back on {WORKERS} processes"
         try:
-            for reference, what, goal, note in (
-                (limit, "decoder limit", LIMIT_GOAL, f"decoding the same files front to back on {WORKERS} processes"),
-                (random_limit, "random-read limit", "", f"the decoder reading random frames on {WORKERS} processes"),
+            for delivering, delivered_cpu, reference, what, goal, note in (
+                (ours, ours_cpu, limit, "decoder limit", LIMIT_GOAL, front_to_back),
+                (ours, ours_cpu, random_limit, "random-read limit", "",
+                 f"the decoder reading random frames on {WORKERS} processes"),
+                (blocks, blocks_cpu, limit, "decoder limit, episode blocks", LIMIT_GOAL, front_to_back),
             ):
-                ours_cpu.clear()
+                delivered_cpu.clear()
                 limit_cpu.clear()
-                delivered, decoder = alternate(reps, ours, reference)
-                stats = paired(ours_cpu, limit_cpu)
+                delivered, decoder = alternate(reps, delivering, reference)
+                stats = paired(delivered_cpu, limit_cpu)
                 result.details[f"{label}, {what}"] = {
-                    **stats, "ours_per_cpu_s": list(ours_cpu), "limit_per_cpu_s": list(limit_cpu),
+                    **stats, "ours_per_cpu_s": list(delivered_cpu), "limit_per_cpu_s": list(limit_cpu),
                     "wall": {**paired(delivered, decoder), "delivered": delivered, "limit": decoder},
                     "load_average": os.getloadavg()}
+                sampling = ", episode blocks sampling" if delivering is blocks else ""
                 result.rows.append(Row(
-                    f"{label}: samples per CPU-second vs {note}", stats["ours"], stats["reference"],
+                    f"{label}{sampling}: samples per CPU-second vs {note}", stats["ours"], stats["reference"],
                     "samples/CPU-s", stats["ratio"], goal, judge(stats["ratio"], goal),
                     LIMIT_NOTES[what].format(batch=BATCH, workers=WORKERS, chunk=CHUNK),
                 ))
@@ -354,9 +350,37 @@ def _against_lerobot_and_decoder(ctx: Context, result: Result) -> None:
                     judge(float(equal), ">= 1"), f"LeRobotDataset ({backend})",
                 ))
         finally:
-            loader.close()
+            for each in loaders:
+                each.close()
             for server in servers:
                 server.close()
+
+
+def _timed_loader(ctx: Context, root: Path, cameras: int, flags: list[str], skip: int
+                  ) -> tuple[Any, Callable[[], float], list[float]]:
+    """The loader ``lerobot train`` builds on ``root`` (with ``flags``), warmed up; a call
+    that drains a block of its batches (samples/s) and the list it appends that block's
+    samples per CPU-second of its processes to."""
+    import torch
+
+    from lerobot_kit.core.config.flags import parse_train_config
+    from lerobot_kit.core.data.build import build_dataset
+    from lerobot_kit.core.data.loader import build_loader
+    from lerobot_kit.core.data.sampler import DataPosition
+
+    slug = f"cameras{cameras}" + ("_blocks" if flags else "")
+    config = parse_train_config([
+        "--dataset.repo_id=bench/video", f"--dataset.root={root}", f"--policy.chunk_size={CHUNK}",
+        f"--policy.n_action_steps={CHUNK}", f"--batch_size={BATCH}", f"--num_workers={WORKERS}",
+        f"--output_dir={ctx.folder(NAME, slug) / 'run'}", *flags])
+    loader = build_loader(build_dataset(config), config, 1, 0, DataPosition(), torch.device("cpu"))
+    batches = iter(loader)
+    count = ctx.pick(2, 30)
+    pids, per_cpu = [os.getpid()], []  # this process; its workers once started
+    drain = lambda: _drain(batches, skip, count, pids, per_cpu)  # noqa: E731
+    drain()  # warm-up: workers started, decoders opened, column caches built
+    pids += [worker.pid for worker in loader._workers._workers]  # DataLoader's worker processes
+    return loader, drain, per_cpu
 
 
 def _shape(root: Path) -> str:
