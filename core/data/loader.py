@@ -52,9 +52,10 @@ from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.data.blocks import BlockPlan, EpochPlan, epoch_starts
 from lerobot_kit.core.data.dataset import EPOCH_KEY, PolicyDataset, camera_to_float
 from lerobot_kit.core.data.member_quota import MemberQuota
+from lerobot_kit.core.data.item_rows import ItemRows
 from lerobot_kit.core.data.packed import Packed
 from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
-from lerobot_kit.core.data.shared_blocks import LentBlocks, SharedBlocks
+from lerobot_kit.core.data.shared_blocks import LentBlocks, ReusedBlocks, SharedBlocks
 from lerobot_kit.core.errors import ConfigError, LerobotError
 
 MAX_AUTO_WORKERS = 4  # LeRobot's default; more rarely helps a single GPU's step
@@ -164,20 +165,21 @@ def _stack(values: list[Any]) -> Any:
 
 class _Collate:
     """DataLoader's ``collate_fn``: a batch; from a worker, packed for the trip to the main
-    process (``core.data.packed``) in one of the worker's reusable blocks."""
+    process (``core.data.packed``) in one of the worker's reusable blocks. With
+    ``as_items`` (block sampling) the items are left for the main process to collate in
+    buffer order, packed likewise."""
 
-    def __init__(self, blocks: SharedBlocks | None) -> None:
+    def __init__(self, blocks: SharedBlocks | None, as_items: bool = False) -> None:
         self.blocks = blocks
+        self.as_items = as_items
 
-    def __call__(self, items: list[Batch] | _Fault) -> Batch | Packed | _Fault:
+    def __call__(self, items: list[Batch] | _Fault) -> Batch | list[Batch] | Packed | _Fault:
         if isinstance(items, _Fault):
             return items
-        return collate(items) if get_worker_info() is None else Packed.batch(items, self.blocks)
+        if get_worker_info() is None:
+            return items if self.as_items else collate(items)
+        return Packed.items(items, self.blocks) if self.as_items else Packed.batch(items, self.blocks)
 
-
-def _as_is(items: list[Batch] | _Fault) -> list[Batch] | Packed | _Fault:
-    """Items left to collate in the main process (block sampling); from a worker, packed."""
-    return items if isinstance(items, _Fault) or get_worker_info() is None else Packed.items(items)
 
 
 def _seed_worker(worker_id: int, seed: int, rank: int, epoch: int, stop_signals: tuple[int, ...] = ()) -> None:
@@ -212,6 +214,8 @@ class _BlockTasks:
         self.first_epoch = start.epoch
         self.first_output = start.offset // global_batch * batch_size
         self._plans: dict[int, EpochPlan] = {}
+        self.reused = ReusedBlocks()  # what batches are collated into
+        self.rows = ItemRows()  # what decoded items wait in
 
     def epoch(self, epoch: int) -> EpochPlan:
         """The epoch's plan, kept for the two epochs in use (tasks run ahead of the consumer)."""
@@ -226,20 +230,34 @@ class _BlockTasks:
             for task in plan.tasks(first):
                 yield [(epoch, int(plan.inputs[p])) for p in task]
 
-    def batches(self, results: Iterator[list[Batch]]) -> Iterator[Batch]:
-        """Micro-batches in buffer order, from the decoded tasks (in task order)."""
+    def batches(self, results: Iterator[list[Batch] | Packed]) -> Iterator[Batch]:
+        """Micro-batches in buffer order, from the decoded tasks (in task order). A task's items
+        are copied out of its worker's block into reused rows as they arrive (``item_rows``),
+        and the block goes back to the worker. Batches are collated into blocks of this
+        process that are filled again once nothing views them."""
         for epoch, first in epoch_starts(self.first_epoch, self.first_output):
             plan = self.epoch(epoch)
             tasks = iter(plan.tasks(first))
-            decoded: dict[int, Batch] = {}
-            pending: list[Batch] = []
+            decoded: dict[int, tuple[Batch, bool]] = {}  # each item, and whether it lies in rows
+            pending: list[tuple[Batch, bool]] = []
             for position in plan.outputs[first:].tolist():
                 while position not in decoded:
-                    decoded.update(zip(next(tasks).tolist(), next(results)))
+                    decoded.update(zip(next(tasks).tolist(), self._arrived(next(results))))
                 pending.append(decoded.pop(position))
                 if len(pending) == self.batch_size:
-                    yield collate(pending)
+                    batch: Batch = Packed.batch([item for item, _ in pending], self.reused).unpack()  # type: ignore[assignment]
+                    for item, in_rows in pending:
+                        if in_rows:
+                            self.rows.release(item)
                     pending = []
+                    yield batch
+
+    def _arrived(self, result: list[Batch] | Packed) -> list[tuple[Batch, bool]]:
+        if not isinstance(result, Packed):  # read in this process: nothing to give back
+            return [(item, False) for item in result]
+        kept = [(self.rows.keep(item), True) for item in result.unpack()]  # type: ignore[union-attr]
+        result.release()
+        return kept
 
 
 class TrainingLoader:
@@ -270,8 +288,7 @@ class TrainingLoader:
             for result in self._results():
                 yield self._delivered(result)
             return
-        items = (result.unpack() if isinstance(result, Packed) else result for result in self._results())
-        for batch in self.blocks.batches(items):
+        for batch in self.blocks.batches(self._results()):
             yield self._pinned(batch)
 
     def _delivered(self, result: Batch | Packed) -> Batch:
@@ -409,7 +426,7 @@ def build_loader(
         batch_sampler=batch_sampler,
         num_workers=workers,
         # Blocks are collated in buffer order, in the main process.
-        collate_fn=_Collate(SharedBlocks(workers) if workers else None) if blocks is None else _as_is,
+        collate_fn=_Collate(SharedBlocks(workers) if workers else None, as_items=blocks is not None),
         pin_memory=pin and blocks is None,
         # A private generator: creating the iterator must not draw from the global RNG, or a
         # resumed run's dropout would drift from the uninterrupted run's.

@@ -1,7 +1,8 @@
 """What DataLoader workers return, packed in one block of shared memory (``core.data.packed``)
 that the worker fills again once the main process is done (``core.data.shared_blocks``):
 the same values, dtypes, shapes and strides as the tensors packed, and no batch ever
-overwritten while the main process still holds it. Workers are real processes."""
+overwritten while the main process still holds it; likewise the rows and batch blocks the
+main process reuses for episode-block sampling. Workers are real processes."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from lerobot_kit.core.data.build import build_dataset
 from lerobot_kit.core.data.loader import batch_to_device, build_loader, collate
 from lerobot_kit.core.data.packed import Packed
 from lerobot_kit.core.data.sampler import DataPosition
-from lerobot_kit.core.data.shared_blocks import SLOTS, SharedBlocks, release
+from lerobot_kit.core.data.item_rows import ItemRows
+from lerobot_kit.core.data.shared_blocks import SLOTS, LentBlocks, ReusedBlocks, SharedBlocks, release
 
 CPU = torch.device("cpu")
 TIMEOUT_S = 60
@@ -99,6 +101,61 @@ def test_a_worker_fills_its_blocks_again_only_once_the_main_process_released_the
     # Past the batches it prefetched before the release, each batch is in one of its blocks, filled again.
     assert all(slot is not None for slot, _ in again[4:])
     assert {address for slot, address in again if slot is not None} <= first
+
+
+def _sizes(numbers: list[int], blocks: SharedBlocks) -> list[tuple[int | None, int, int]]:
+    """In the worker: three blocks taken one after the other, each freed before the next
+    (as the main process frees one), as ``(slot, address, bytes)``."""
+    taken = []
+    for size in (4096, 1024, 8192):
+        block, slot = blocks.take(size)
+        assert slot is not None
+        taken.append((slot[2], block.data_ptr(), block.numel()))
+        blocks.free[slot[1], slot[2]] = 1
+    return taken
+
+
+def test_a_free_block_large_enough_serves_a_smaller_request_and_a_small_one_is_replaced() -> None:
+    blocks = SharedBlocks(workers=1)
+    loader = DataLoader(_Numbers(), batch_size=1, num_workers=1, timeout=TIMEOUT_S,
+                        collate_fn=functools.partial(_sizes, blocks=blocks))
+    (first, second, third) = next(iter(loader))
+    assert first[0] == second[0] and first[1:] == second[1:] == (first[1], 4096)  # the same block serves 1024 bytes
+    assert third[0] == first[0] and third[2] == 8192  # too small for 8192: the slot gets a new block
+
+
+def test_item_rows_hold_copies_and_fill_a_row_again_only_once_released() -> None:
+    rows = ItemRows()
+    originals = items()
+    kept = [rows.keep(item) for item in originals]
+    for ours, theirs in zip(kept, items()):
+        assert_same(ours, theirs)
+    addresses = {kept[0]["camera"].data_ptr()}
+    originals[0]["camera"].zero_()  # a copy: the source may be filled again at once
+    assert_same(kept[0], items()[0])
+    again = rows.keep(items()[1])
+    assert again["camera"].data_ptr() not in addresses | {k["camera"].data_ptr() for k in kept}
+    rows.release(kept[0])
+    refilled = rows.keep(items()[2])
+    assert refilled["camera"].data_ptr() in addresses  # the released row, filled again
+    assert_same(refilled, items()[2])
+    assert_same(kept[1], items()[1])  # rows not released are untouched
+
+
+def test_reused_blocks_fill_a_block_again_only_once_nothing_views_its_batch() -> None:
+    reused = ReusedBlocks()
+    held = Packed.batch(items(), reused).unpack()
+    camera = held["camera"][1:]  # a view of a view keeps the block in use
+    address = held["action"].untyped_storage().data_ptr()
+    del held
+    second = Packed.batch(items(), reused).unpack()
+    assert second["action"].untyped_storage().data_ptr() != address
+    assert torch.equal(camera, collate(items())["camera"][1:])
+    del camera, second
+    third = Packed.batch(items(), reused).unpack()
+    # Where torch does not count a storage's users, every batch gets a fresh block.
+    assert (third["action"].untyped_storage().data_ptr() == address) == LentBlocks.COUNTED
+    assert_same(third, collate(items()))
 
 
 def test_a_loaders_batches_held_by_the_consumer_are_never_overwritten(tmp_path: Path) -> None:
