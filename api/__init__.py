@@ -18,7 +18,9 @@ Stable:
   ``decode_json_bytes`` for bytes a plugin read its own way (``UnusableJson`` as a file read
   gives), and ``write_json(path, data)``, which writes them as lerobot-kit writes its own; for any
   other file a plugin hands a library, ``open_regular(path)``, which opens a regular file only
-  and raises ``NotRegularFile`` (its ``kind``: "a named pipe", ...) without blocking on a pipe;
+  and raises ``NotRegularFile`` (its ``kind``: "a named pipe", ...) without blocking on a pipe,
+  and ``not_a_file_problem(mode)``, the words lerobot-kit's messages use for such a path
+  ("a named pipe, not a file");
   ``byte_size``, a byte count as lerobot-kit's messages write it (``12.34 MiB``);
 * training: ``train(config)``, what ``lerobot train`` runs — in a process group the caller
   initialised it joins that group and leaves it initialised, so a notebook or a sweep can
@@ -101,6 +103,7 @@ from lerobot_kit.core.distributed.launcher import DEFAULT_MASTER_PORT, LaunchEnv
 from lerobot_kit.core.errors import CheckpointError, ConfigError, LerobotError, PluginError
 from lerobot_kit.core.eval.env import Info, Observation, VectorEnv
 from lerobot_kit.core.layout.byte_size import byte_size
+from lerobot_kit.core.layout.file_access import not_a_file_problem
 from lerobot_kit.core.layout.json_file import decode_json_bytes, read_json, write_json
 from lerobot_kit.core.layout.paths import ADAPTER_WEIGHTS, DCP_MODEL_DIR, MODEL_WEIGHTS
 from lerobot_kit.core.layout.regular_file import NotRegularFile, open_regular
@@ -218,6 +221,7 @@ __all__ = [
     "merge_adapter",
     "missing_key",
     "model_weights",
+    "not_a_file_problem",
     "open_regular",
     "pad_key",
     "parse_train_config",

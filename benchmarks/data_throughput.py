@@ -296,11 +296,12 @@ def _against_lerobot_and_decoder(ctx: Context, result: Result) -> None:
         limit, random_limit, servers = _decoder_limit(ctx, root, cameras, limit_cpu)
         front_to_back = f"decoding the same files front to back on {WORKERS} processes"
         try:
-            for delivering, delivered_cpu, reference, what, goal, note in (
-                (ours, ours_cpu, limit, "decoder limit", LIMIT_GOAL, front_to_back),
-                (ours, ours_cpu, random_limit, "random-read limit", "",
+            for delivering, delivered_cpu, sampling, reference, what, goal, note in (
+                (ours, ours_cpu, "", limit, "decoder limit", LIMIT_GOAL, front_to_back),
+                (ours, ours_cpu, "", random_limit, "random-read limit", "",
                  f"the decoder reading random frames on {WORKERS} processes"),
-                (blocks, blocks_cpu, limit, "decoder limit, episode blocks", LIMIT_GOAL, front_to_back),
+                (blocks, blocks_cpu, ", episode blocks sampling", limit, "decoder limit, episode blocks", LIMIT_GOAL,
+                 front_to_back),
             ):
                 delivered_cpu.clear()
                 limit_cpu.clear()
@@ -310,7 +311,6 @@ def _against_lerobot_and_decoder(ctx: Context, result: Result) -> None:
                     **stats, "ours_per_cpu_s": list(delivered_cpu), "limit_per_cpu_s": list(limit_cpu),
                     "wall": {**paired(delivered, decoder), "delivered": delivered, "limit": decoder},
                     "load_average": os.getloadavg()}
-                sampling = ", episode blocks sampling" if delivering is blocks else ""
                 result.rows.append(Row(
                     f"{label}{sampling}: samples per CPU-second vs {note}", stats["ours"], stats["reference"],
                     "samples/CPU-s", stats["ratio"], goal, judge(stats["ratio"], goal),

@@ -12,15 +12,12 @@ buffer holds at most, then stay.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from lerobot_kit.core.data.packed import copy_into
+from lerobot_kit.core.data.packed import Batch, copy_into, extent
 
 CHUNK_ROWS = 32  # rows allocated at a time for one kind of value
 
-Batch = dict[str, Any]
 _Kind = tuple[str, torch.dtype, tuple[int, ...], tuple[int, ...]]
 
 
@@ -50,8 +47,8 @@ class ItemRows:
     def _row(self, key: str, like: torch.Tensor) -> torch.Tensor:
         free = self._free.setdefault(_kind(key, like), [])
         if not free:
-            extent = 1 + sum((size - 1) * step for size, step in zip(like.shape, like.stride())) if like.numel() else 0
-            chunk = torch.empty_strided((CHUNK_ROWS, *like.shape), (extent, *like.stride()), dtype=like.dtype)
+            row = extent(tuple(like.shape), like.stride())
+            chunk = torch.empty_strided((CHUNK_ROWS, *like.shape), (row, *like.stride()), dtype=like.dtype)
             free.extend(chunk.unbind(0))
         return free.pop()
 

@@ -208,8 +208,10 @@ class _BlockTasks:
     """Episode-block sampling: what workers decode (one block run per task) and the order
     the main process emits the decoded items in (``core.data.blocks``)."""
 
-    def __init__(self, plan: BlockPlan, start: DataPosition, global_batch: int, batch_size: int) -> None:
+    def __init__(self, plan: BlockPlan, start: DataPosition, global_batch: int, batch_size: int,
+                 from_workers: bool) -> None:
         self.plan = plan
+        self.from_workers = from_workers  # tasks arrive packed, their items then kept in ``rows``
         self.batch_size = batch_size
         self.first_epoch = start.epoch
         self.first_output = start.offset // global_batch * batch_size
@@ -238,24 +240,25 @@ class _BlockTasks:
         for epoch, first in epoch_starts(self.first_epoch, self.first_output):
             plan = self.epoch(epoch)
             tasks = iter(plan.tasks(first))
-            decoded: dict[int, tuple[Batch, bool]] = {}  # each item, and whether it lies in rows
-            pending: list[tuple[Batch, bool]] = []
+            decoded: dict[int, Batch] = {}
+            pending: list[Batch] = []
             for position in plan.outputs[first:].tolist():
                 while position not in decoded:
                     decoded.update(zip(next(tasks).tolist(), self._arrived(next(results))))
                 pending.append(decoded.pop(position))
                 if len(pending) == self.batch_size:
-                    batch: Batch = Packed.batch([item for item, _ in pending], self.reused).unpack()  # type: ignore[assignment]
-                    for item, in_rows in pending:
-                        if in_rows:
+                    batch: Batch = Packed.batch(pending, self.reused).unpack()  # type: ignore[assignment]
+                    if self.from_workers:
+                        for item in pending:
                             self.rows.release(item)
                     pending = []
                     yield batch
 
-    def _arrived(self, result: list[Batch] | Packed) -> list[tuple[Batch, bool]]:
-        if not isinstance(result, Packed):  # read in this process: nothing to give back
-            return [(item, False) for item in result]
-        kept = [(self.rows.keep(item), True) for item in result.unpack()]  # type: ignore[union-attr]
+    def _arrived(self, result: list[Batch] | Packed) -> list[Batch]:
+        """A task's items; from a worker, copied into rows and the worker's block handed back."""
+        if not isinstance(result, Packed):  # read in this process (no workers): its own memory
+            return result
+        kept = [self.rows.keep(item) for item in result.unpack()]  # type: ignore[union-attr]
         result.release()
         return kept
 
@@ -409,7 +412,7 @@ def build_loader(
             dataset.episode_lengths(), config.dataset.sampler.block_size, config.dataset.sampler.buffer_size,
             config.batch_size, dp_world_size, dp_rank, config.seed, members,
         )
-        blocks = batch_sampler = _BlockTasks(plan, start, sampler.global_batch, config.batch_size)
+        blocks = batch_sampler = _BlockTasks(plan, start, sampler.global_batch, config.batch_size, workers > 0)
     options: dict[str, Any] = {}
     if workers:
         options = {

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
-from lerobot_kit.core.data.shared_blocks import SharedBlocks, new_block, release
+from lerobot_kit.core.data.shared_blocks import ReusedBlocks, SharedBlocks, new_block, release
 
 ALIGNMENT = 64  # bytes, of each tensor's place in the block
 
@@ -53,7 +53,7 @@ class Packed:
     slot: tuple[str, int, int] | None = None
 
     @classmethod
-    def batch(cls, items: list[Batch], blocks: SharedBlocks | None = None) -> Packed:
+    def batch(cls, items: list[Batch], blocks: SharedBlocks | ReusedBlocks | None = None) -> Packed:
         """The items collated: tensors of one shape and dtype stacked (one item's strides,
         behind the batch dimension), anything else as ``default_collate`` gathers it (or
         refuses it); in one of ``blocks`` when given."""
@@ -69,10 +69,11 @@ class Packed:
                 stacked[key] = values
             else:
                 places[key] = default_collate(values)
-        block, slot = blocks.take(layout.size) if blocks is not None else (layout.block(), None)
+        block, slot = layout.block(blocks)
         packed = cls(block, [places], batched=True, slot=slot)
         for key, values in stacked.items():
-            _fill_rows(places[key].view(packed.block), values)
+            for row, value in zip(places[key].view(packed.block), values):
+                copy_into(row, value)
         return packed
 
     @classmethod
@@ -82,7 +83,7 @@ class Packed:
         layout = _Layout()
         entries = [{key: layout.add(value.dtype, tuple(value.shape), _strides(value))
                     if isinstance(value, torch.Tensor) else value for key, value in item.items()} for item in items]
-        block, slot = blocks.take(layout.size) if blocks is not None else (layout.block(), None)
+        block, slot = layout.block(blocks)
         packed = cls(block, entries, batched=False, slot=slot)
         for item, entry in zip(items, entries):
             for key, place in entry.items():
@@ -109,11 +110,6 @@ class Packed:
             release(self.slot)
 
 
-def _fill_rows(out: torch.Tensor, values: list[torch.Tensor]) -> None:
-    for row, value in zip(out, values):
-        copy_into(row, value)
-
-
 def copy_into(out: torch.Tensor, value: torch.Tensor) -> None:
     """``out[...] = value``, through NumPy where the dtype allows: one thread. torch copies
     a large tensor on its thread pool, and in the main process (which collates block
@@ -136,13 +132,16 @@ class _Layout:
         self.size = 0
 
     def add(self, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...]) -> _Place:
-        place = _Place(self.size, dtype, shape, stride, _extent(shape, stride) * dtype.itemsize)
+        place = _Place(self.size, dtype, shape, stride, extent(shape, stride) * dtype.itemsize)
         self.size += -(-place.nbytes // ALIGNMENT) * ALIGNMENT
         return place
 
-    def block(self) -> torch.Tensor:
-        """A fresh block: in a worker, in shared memory, so that sending it copies nothing."""
-        return torch.empty(self.size, dtype=torch.uint8) if get_worker_info() is None else new_block(self.size)
+    def block(self, blocks: SharedBlocks | ReusedBlocks | None) -> tuple[torch.Tensor, tuple[str, int, int] | None]:
+        """A block for the places and its slot: one of ``blocks`` when given, else a fresh one
+        (in a worker, in shared memory, so that sending it copies nothing)."""
+        if blocks is not None:
+            return blocks.take(self.size)
+        return (torch.empty(self.size, dtype=torch.uint8) if get_worker_info() is None else new_block(self.size)), None
 
 
 def _strides(tensor: torch.Tensor) -> tuple[int, ...]:
@@ -164,7 +163,7 @@ def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _extent(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
+def extent(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
     """Elements from a view's first to past its last: 0 for an empty one."""
     if any(size == 0 for size in shape):
         return 0

@@ -83,21 +83,20 @@ class LentBlocks:
     COUNTED = hasattr(torch._C, "_storage_Use_Count")
 
     def __init__(self) -> None:
-        self._lent: list[tuple[int, int, torch.Tensor, tuple[str, int, int]]] = []
+        self._lent: list[tuple[int, torch.Tensor, tuple[str, int, int]]] = []  # users when lent, block, slot
 
     def lend(self, block: torch.Tensor, slot: tuple[str, int, int]) -> None:
         """``block`` (of ``slot``), not yet viewed by anything handed out: from now on, watched."""
-        storage = block.untyped_storage()._cdata
-        self._lent.append((storage, torch._C._storage_Use_Count(storage), block, slot))
+        self._lent.append((users(block), block, slot))
 
     def release_unviewed(self) -> None:
         """Release every lent block that no tensor views any more."""
         kept = []
-        for storage, references, block, slot in self._lent:
-            if torch._C._storage_Use_Count(storage) <= references:
+        for unviewed, block, slot in self._lent:
+            if users(block) <= unviewed:
                 release(slot)
             else:
-                kept.append((storage, references, block, slot))
+                kept.append((unviewed, block, slot))
         self._lent = kept
 
 
@@ -115,14 +114,19 @@ class ReusedBlocks:
 
     def take(self, size: int) -> tuple[torch.Tensor, None]:
         for block, unviewed in self._blocks:
-            if block.numel() >= size and torch._C._storage_Use_Count(block.untyped_storage()._cdata) <= unviewed:
+            if block.numel() >= size and users(block) <= unviewed:
                 return block, None
         block = torch.empty(size, dtype=torch.uint8)
         if LentBlocks.COUNTED:
             if len(self._blocks) == self.count:  # all in use: the smallest makes room
                 self._blocks.remove(min(self._blocks, key=lambda kept: kept[0].numel()))
-            self._blocks.append((block, torch._C._storage_Use_Count(block.untyped_storage()._cdata)))
+            self._blocks.append((block, users(block)))
         return block, None
+
+
+def users(block: torch.Tensor) -> int:
+    """References to ``block``'s storage: one more for every tensor that views it."""
+    return torch._C._storage_Use_Count(block.untyped_storage()._cdata)
 
 
 def new_block(size: int) -> torch.Tensor:

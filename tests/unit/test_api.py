@@ -36,7 +36,7 @@ STABLE = {
     # byte counts in its messages, written as the core's are.
     "read_json", "decode_json_bytes", "write_json", "byte_size",
     # Files a plugin hands a library (the LeRobot bridge's tokenizer folders): never a named pipe.
-    "open_regular", "NotRegularFile",
+    "open_regular", "NotRegularFile", "not_a_file_problem",
 }
 
 LAZY = {"Policy", "PolicyProcessor", "CheckpointFormat", "write_gathered", "write_shards", "load_any_weights", "read_safetensors",

@@ -12,13 +12,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from lerobot_kit.api import LerobotError, NotRegularFile
+from lerobot_kit.api import LerobotError, not_a_file_problem
 from lerobot_kit.api import read_json as api_read_json
 
 if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+MISSING = "missing"  # what ``file_problem`` says of a path that does not exist
 DATASET_EXTRA = "pip install 'lerobot-kit[dataset]'"
 THREADED_READ_ROWS = 10_000  # a parquet file of more rows is read by pyarrow's thread pool
 
@@ -83,14 +84,15 @@ def read_parquet(path: Path, columns: list[str], what: str, optional: tuple[str,
 def _open_parquet(path: Path, what: str) -> pq.ParquetFile:
     """A parquet file with its footer read."""
     parquet = require_pyarrow()
-    _check_exists(path, what)
+    require_file(path, what)
     try:
         return parquet.ParquetFile(path)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
         raise LeRobotDatasetError(f"{path}: not a readable parquet file ({exc}); it holds {what}") from exc
 
 
-def _check_exists(path: Path, what: str) -> None:
+def require_file(path: Path, what: str) -> None:
+    """The dataset's file ``path`` (which holds ``what``) is a regular file, or one line saying what it is instead."""
     if problem := file_problem(path):
         raise LeRobotDatasetError(
             f"{path}: {problem}; it should hold {what}. The dataset is incomplete: re-copy or re-download it"
@@ -104,9 +106,9 @@ def file_problem(path: Path) -> str | None:
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:
-        return "missing"
+        return MISSING
     except OSError as exc:
         return f"cannot be read ({exc.strerror or exc})"
     if stat.S_ISREG(mode):
         return None
-    return f"{NotRegularFile(path, mode).kind.replace('a directory', 'a folder')}, not a file"
+    return not_a_file_problem(mode)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from lerobot_kit.plugins.datasets.lerobot.files import LeRobotDatasetError, file_problem
+from lerobot_kit.plugins.datasets.lerobot.files import MISSING, LeRobotDatasetError, file_problem
 
 INFO_FILE = "meta/info.json"
 DEFAULT_REFS = ("v3.0", "main")
@@ -45,7 +45,7 @@ def locate_dataset(repo_id: str, root: str | None, revision: str | None, allow_d
         problem = file_problem(folder / INFO_FILE)
         if problem is None:
             return folder
-        if problem != "missing":
+        if problem != MISSING:
             raise LeRobotDatasetError(
                 f"{folder / INFO_FILE}: {problem}; put the dataset's meta/info.json there (re-copy or re-download "
                 "the dataset)"

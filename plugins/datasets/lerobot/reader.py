@@ -43,7 +43,7 @@ from lerobot_kit.plugins.datasets.lerobot import images, video
 from lerobot_kit.plugins.datasets.lerobot.columns import FileColumns, cached_file_columns, episode_rows
 from lerobot_kit.plugins.datasets.lerobot.files import (
     LeRobotDatasetError,
-    file_problem,
+    require_file,
     require_pil,
     require_pyarrow,
 )
@@ -257,10 +257,7 @@ def _check_data_files(info: LeRobotInfo, all_episodes: dict[int, EpisodeRow], ep
         path = info.data_file(*data_file)
         held = [row for row in all_episodes.values() if row.data_file == data_file]
         what = f"the frames of episode(s) {sorted(r.index for r in held)}"
-        if problem := file_problem(path):
-            raise LeRobotDatasetError(
-                f"{path}: {problem}; it should hold {what}. The dataset is incomplete: re-copy or re-download it"
-            )
+        require_file(path, what)
         try:
             rows = pq.read_metadata(path).num_rows
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
@@ -273,7 +270,4 @@ def _check_data_files(info: LeRobotInfo, all_episodes: dict[int, EpisodeRow], ep
             )
     for key in info.keys("video"):
         for path in sorted({info.video_file(key, row.videos[key]) for row in episodes}):
-            if problem := file_problem(path):
-                raise LeRobotDatasetError(
-                    f"{path}: {problem}; it holds video {key!r}. The dataset is incomplete: re-copy or re-download it"
-                )
+            require_file(path, f"video {key!r}")
