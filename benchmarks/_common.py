@@ -121,13 +121,14 @@ def samples_per_cpu_second(requests: Iterator[Any], samples: int) -> Callable[[]
     """A measurement of ``samples`` samples drawn from ``requests`` (a DataLoader iterator
     with ``--num_workers=0``: one worker's requests, served in this process), in samples per
     CPU-second of this process: a worker's throughput when it has a core (on a shared
-    machine, wall time measures the neighbours too). A request is a list of items or a
-    collated batch."""
+    machine, wall time measures the neighbours too). A request is a collated batch or a
+    packed window of batches (episode-block sampling)."""
     def rate() -> float:
         start, count = time.process_time(), 0
         while count < samples:
             served = next(requests)
-            count += len(served) if isinstance(served, list) else len(served["index"])
+            batches = served.unpack() if hasattr(served, "unpack") else [served]
+            count += sum(len(batch["index"]) for batch in batches)
         return count / (time.process_time() - start)
 
     return rate

@@ -11,7 +11,7 @@ Per worker, on video: on the 2k-frame 480×640 SVT-AV1 (GOP 2) dataset of ``data
 this process does what one DataLoader worker does for the loader ``lerobot train``
 builds (ACT's 100-frame action chunk and the camera frame per item; under uniform random
 sampling each request is a collated batch of 8, under
-``--dataset.sampler.type=episode_blocks`` one block's items), counted in samples/s. The
+``--dataset.sampler.type=episode_blocks`` a window's batches), counted in samples/s. The
 reference is the limit of any reader: PyAV decoding the same file front to back, one
 thread, converting every frame to RGB as LeRobot's reader does (by one converter for all
 frames, as the reader converts them, not one per frame as ``to_ndarray(format=...)``). Both run single-threaded
@@ -37,9 +37,9 @@ machine shared with other work, wall time favours the side with more runnable th
 details. A third reference, reported without a goal, is the same 2 processes reading
 random frames as cheaply as a random reader can (seek to the key frame at or before the
 frame, decode up to it, convert that frame): what uniform sampling costs the decoder
-alone. The same loader with ``--dataset.sampler.type=episode_blocks`` (workers decode
-blocks of an episode's consecutive frames front to back; a shuffle buffer mixes them
-into batches) is held to the front-to-back limit too, goal ≥ 0.5. Each block first takes the batches the workers prefetched while the other side
+alone. The same loader with ``--dataset.sampler.type=episode_blocks`` (a worker decodes
+a window of blocks of an episode's consecutive frames, each front to back, straight into
+the window's shuffled batches) is held to the front-to-back limit too, goal ≥ 0.5. Each block first takes the batches the workers prefetched while the other side
 ran, then times the next ones. Whether the camera frames of 16 random items equal
 LeRobot's is a row of its own; each comparison's details record the load average after
 it, and the comparison with LeRobot's reader also per CPU-second of each side's processes
@@ -185,7 +185,7 @@ def _loader_vs_step(ctx: Context, result: Result) -> None:
 def _worker_rate(ctx: Context, flags: list[str], samples: int, slug: str) -> Callable[[], float]:
     """Samples/s of the work one DataLoader worker does for the loader of ``flags``: the
     requests its sampler makes, served in this process (``--num_workers=0``), without what
-    the main process adds (block sampling's buffer and collation)."""
+    the main process adds."""
     import torch
 
     from lerobot_kit.core.config.flags import parse_train_config
@@ -280,17 +280,23 @@ def _same_items(ctx: Context, root: Path, lerobot: LineServer) -> bool:
 
 
 def _against_lerobot_and_decoder(ctx: Context, result: Result) -> None:
-    from lerobot_kit.core.data.loader import PREFETCH_BATCHES
+    from lerobot_kit.core.config.data_options import SamplerConfig
+    from lerobot_kit.core.data.loader import PREFETCH_BATCHES, PREFETCH_WINDOWS
 
     python = None if ctx.smoke else lerobot_python()
     if python is None:
         result.details["lerobot reader"] = "left out: a smoke run, or no Python with LeRobot ($LEROBOT_PYTHON)"
     skip, reps = WORKERS * PREFETCH_BATCHES, ctx.pick(2, 6)
+    # Under block sampling a worker delivers a window of batches at a time: skip what the
+    # workers have ready, and time several windows, so the windows in the making at either
+    # end weigh little.
+    window = SamplerConfig().buffer_size // BATCH
+    blocks_skip, blocks_count = (WORKERS * PREFETCH_WINDOWS + 1) * window, ctx.pick(1, 8) * window
     for cameras in CAMERAS:
         root = video_dataset(ctx, ctx.pick(100, 2000), cameras)
         label = f"loader, {cameras} camera{'s' if cameras > 1 else ''} {_shape(root)} AV1"
-        loader, ours, ours_cpu = _timed_loader(ctx, root, cameras, [], skip)
-        blocks_loader, blocks, blocks_cpu = _timed_loader(ctx, root, cameras, [BLOCKS_FLAG], skip)
+        loader, ours, ours_cpu = _timed_loader(ctx, root, cameras, [], skip, ctx.pick(2, 30))
+        blocks_loader, blocks, blocks_cpu = _timed_loader(ctx, root, cameras, [BLOCKS_FLAG], blocks_skip, blocks_count)
         loaders = [loader, blocks_loader]
         limit_cpu: list[float] = []
         limit, random_limit, servers = _decoder_limit(ctx, root, cameras, limit_cpu)
@@ -356,11 +362,11 @@ def _against_lerobot_and_decoder(ctx: Context, result: Result) -> None:
                 server.close()
 
 
-def _timed_loader(ctx: Context, root: Path, cameras: int, flags: list[str], skip: int
+def _timed_loader(ctx: Context, root: Path, cameras: int, flags: list[str], skip: int, count: int
                   ) -> tuple[Any, Callable[[], float], list[float]]:
     """The loader ``lerobot train`` builds on ``root`` (with ``flags``), warmed up; a call
-    that drains a block of its batches (samples/s) and the list it appends that block's
-    samples per CPU-second of its processes to."""
+    that drains ``count`` of its batches after ``skip`` (samples/s) and the list it appends
+    those batches' samples per CPU-second of its processes to."""
     import torch
 
     from lerobot_kit.core.config.flags import parse_train_config
@@ -375,7 +381,6 @@ def _timed_loader(ctx: Context, root: Path, cameras: int, flags: list[str], skip
         f"--output_dir={ctx.folder(NAME, slug) / 'run'}", *flags])
     loader = build_loader(build_dataset(config), config, 1, 0, DataPosition(), torch.device("cpu"))
     batches = iter(loader)
-    count = ctx.pick(2, 30)
     pids, per_cpu = [os.getpid()], []  # this process; its workers once started
     drain = lambda: _drain(batches, skip, count, pids, per_cpu)  # noqa: E731
     drain()  # warm-up: workers started, decoders opened, column caches built

@@ -90,10 +90,12 @@ class SamplerConfig(_Options):
     type: Literal["random", "episode_blocks"] = Field(
         "random",
         description="random: uniform permutation of frames each epoch; episode_blocks: contiguous runs of frames "
-        "decoded in sequence, mixed through a shuffle buffer (faster video decoding, less random batches).",
+        "decoded in sequence, shuffled in windows (faster video decoding, less random batches).",
     )
     block_size: int = Field(16, ge=1, description="episode_blocks: frames per block (never across episodes).")
-    buffer_size: int = Field(256, ge=1, description="episode_blocks: decoded items held for shuffling, per rank.")
+    buffer_size: int = Field(
+        256, ge=1, description="episode_blocks: frames shuffled together, a window a worker decodes into its batches "
+        "(rounded down to whole batches); each worker holds two windows in memory.")
 
     @model_validator(mode="after")
     def _no_ignored_block_options(self) -> SamplerConfig:

@@ -1,4 +1,4 @@
-"""Episode-block sampling (``--dataset.sampler.type=episode_blocks``): decode runs, shuffle in a buffer.
+"""Episode-block sampling (``--dataset.sampler.type=episode_blocks``): decode runs, shuffle windows.
 
 Random access into video costs a seek and the frames from the key frame on; reading a
 run of consecutive frames costs one seek for the whole run. So each epoch:
@@ -10,22 +10,24 @@ run of consecutive frames costs one seek for the whole run. So each epoch:
 2. The shuffled blocks, laid end to end, are split into one equal share per
    data-parallel rank (``steps per epoch × batch_size`` frames, as uniform sampling
    uses; the remainder waits for the next epoch's shuffle).
-3. A rank streams its share through a shuffle buffer of ``buffer_size`` frames: each
-   output is a random frame of the buffer (drawn from ``(seed, epoch, rank)``), whose
-   place the next frame of the stream takes. Consecutive outputs form micro-batches.
+3. A rank's share is cut into windows of ``buffer_size`` frames (rounded down to whole
+   batches, at least one batch); each window's frames are shuffled, drawn from
+   ``(seed, epoch, rank)``, and the shuffled window is cut into micro-batches.
 
-DataLoader workers get *tasks* — the frames of one block a rank still needs, in stream
-order — so a worker decodes a block front to back; the main process keeps the decoded
-items until the buffer order asks for them (at most about ``buffer_size`` of them,
-plus the tasks in flight). Everything is a pure function of ``(seed, epoch, rank)`` and
-the position ``(epoch, offset)``, so a resume rebuilds the epoch's plan, asks only for
-the frames not yet consumed, and continues with exactly the batches of the
-uninterrupted run.
+One DataLoader worker builds a whole window (``Window``, ``core.data.packed``): it
+decodes the window's frames in file order, each block front to back, and writes every
+item straight into its row of the window's batches, so the main process copies nothing
+and only hands the batches out. Everything is a pure function of ``(seed, epoch, rank)`` and the
+position ``(epoch, offset)``, so a resume rebuilds the epoch's plan, asks only for the
+batches not yet consumed, and continues with exactly the batches of the uninterrupted
+run.
 
-The trade-off: a batch mixes frames of the few blocks that share the buffer (about
-``buffer_size / block_size``), and frames of one block appear in nearby batches, so
+The trade-off: a batch mixes frames of the blocks of one window (about ``buffer_size /
+block_size`` of them), and frames of one block appear only in its window's batches, so
 batches are more correlated than under uniform sampling; every frame is still used once
-per epoch.
+per epoch. Memory: a worker builds its next window while the main process still hands
+out batches of its last, so each worker holds two windows: about ``2 × workers ×
+buffer_size`` decoded samples per rank (without workers, two windows).
 """
 
 from __future__ import annotations
@@ -40,24 +42,39 @@ from lerobot_kit.core.data.member_quota import MemberQuota
 
 @dataclass(frozen=True)
 class EpochPlan:
-    """One rank's epoch: the frames it streams (``inputs``) and the buffer's output order.
-
-    ``outputs[j]`` is the position in ``inputs`` of the ``j``-th sample the rank trains on;
-    ``block_of[p]`` is the run of the epoch's block order that input position ``p`` came
-    from (a block a mixture draws twice is two runs, decoded as two tasks).
-    """
+    """One rank's epoch: the frames it streams (``inputs``, blocks end to end) and the order
+    it trains on them. ``outputs[j]`` is the position in ``inputs`` of the ``j``-th sample;
+    outputs come in windows of ``window`` samples, each a permutation of its own inputs."""
 
     inputs: np.ndarray
     outputs: np.ndarray
-    block_of: np.ndarray
+    window: int
 
-    def tasks(self, first_output: int) -> list[np.ndarray]:
-        """Input positions still needed from ``first_output`` on, one sorted array per block run."""
-        needed = np.sort(self.outputs[first_output:])
-        if not len(needed):
-            return []
-        cuts = np.flatnonzero(np.diff(self.block_of[needed])) + 1
-        return np.split(needed, cuts)
+    def windows(self, first_output: int) -> Iterator[np.ndarray]:
+        """The frames of each window from ``first_output`` on (the rest of its window first),
+        in training order."""
+        lo = first_output
+        while lo < len(self.outputs):
+            hi = (lo // self.window + 1) * self.window
+            yield self.inputs[self.outputs[lo:hi]]
+            lo = hi
+
+
+@dataclass(frozen=True)
+class Window:
+    """A DataLoader worker's request under block sampling: build one window's batches.
+    ``keys[i]`` is the ``(epoch, frame)`` of the window's ``i``-th sample in training order."""
+
+    keys: list[tuple[int, int]]
+    batch_size: int
+    group: int  # frames decoded at a time: what a worker holds besides the window
+
+    def groups(self) -> Iterator[list[int]]:
+        """Sample positions in frame order, ``group`` at a time: each file read front to back,
+        a block's frames one after the other."""
+        order = sorted(range(len(self.keys)), key=lambda i: self.keys[i][1])
+        for lo in range(0, len(order), self.group):
+            yield order[lo : lo + self.group]
 
 
 class BlockPlan:
@@ -86,7 +103,8 @@ class BlockPlan:
         self.blocks = np.asarray(blocks, dtype=np.int64).reshape(-1, 2)
         total = int(np.sum(episode_lengths))
         self.share = total // (batch_size * dp_world_size) * batch_size
-        self.buffer_size = buffer_size
+        self.block_size = block_size
+        self.window = max(batch_size, buffer_size // batch_size * batch_size)
         self.dp_rank = dp_rank
         self.seed = seed
         self.members = members
@@ -97,32 +115,18 @@ class BlockPlan:
             order = rng.permutation(len(self.blocks))
         else:
             order = self.members.epoch_blocks(self.blocks, rng)
-        lengths = self.blocks[order, 1] - self.blocks[order, 0]
-        block_of = np.repeat(np.arange(len(order)), lengths)
         frames = np.concatenate([np.arange(*self.blocks[b]) for b in order])
         lo = self.dp_rank * self.share
-        inputs, block_of = frames[lo : lo + self.share], block_of[lo : lo + self.share]
+        inputs = frames[lo : lo + self.share]
         rng = np.random.default_rng([self.seed, epoch, self.dp_rank])
-        return EpochPlan(inputs, shuffle_buffer(len(inputs), self.buffer_size, rng), block_of)
+        return EpochPlan(inputs, shuffle_windows(len(inputs), self.window, rng), self.window)
 
 
-def shuffle_buffer(count: int, size: int, rng: np.random.Generator) -> np.ndarray:
-    """The order in which a buffer of ``size`` emits a stream of ``count`` items: each output
-    is a uniformly drawn slot, refilled by the next item of the stream."""
-    buffer = list(range(min(size, count)))
-    upcoming = len(buffer)
-    draws = rng.random(count)
-    out = np.empty(count, dtype=np.int64)
-    for j in range(count):
-        slot = int(draws[j] * len(buffer))
-        out[j] = buffer[slot]
-        if upcoming < count:
-            buffer[slot] = upcoming
-            upcoming += 1
-        else:
-            buffer[slot] = buffer[-1]
-            buffer.pop()
-    return out
+def shuffle_windows(count: int, window: int, rng: np.random.Generator) -> np.ndarray:
+    """A permutation of ``range(count)`` that shuffles each window of ``window`` positions
+    within itself."""
+    parts = [lo + rng.permutation(min(window, count - lo)) for lo in range(0, count, window)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def epoch_starts(first_epoch: int, first_output: int) -> Iterator[tuple[int, int]]:

@@ -5,13 +5,14 @@ and the benchmarks call it):
 
 - Order: the sampler's (``core.data.sampler``), a pure function of ``(seed, epoch)``,
   sliced per data-parallel rank; ``--dataset.sampler.type=episode_blocks`` decodes runs
-  of consecutive frames and mixes them through a bounded buffer (``core.data.blocks``).
+  of consecutive frames and shuffles them in windows, a worker building a window's
+  batches (``core.data.blocks``).
   Either gives each member of a dataset mixture its share of the samples
   (``core.data.member_quota``).
 - Workers: ``--num_workers`` (default: automatic, ``cpus per rank - 1``, at most
   ``MAX_AUTO_WORKERS``, so 0 on one core; 0 for a dataset held in memory, whose items
   cost less than a batch's trip between processes), persistent, ``PREFETCH_BATCHES`` batches
-  ahead each, pinned memory when training on CUDA. What a worker returns travels packed
+  (or ``PREFETCH_WINDOWS`` windows) ahead each, pinned memory when training on CUDA. What a worker returns travels packed
   in one block of shared memory (``core.data.packed``): one trip per batch, not one per
   tensor. Camera frames leave the workers as uint8, as stored (unless augmented, which
   works in float), and the loader's batches keep them so: converting and collating float
@@ -49,10 +50,9 @@ import torch
 from torch.utils.data import DataLoader, default_collate, get_worker_info
 
 from lerobot_kit.core.config.schema import TrainConfig
-from lerobot_kit.core.data.blocks import BlockPlan, EpochPlan, epoch_starts
+from lerobot_kit.core.data.blocks import BlockPlan, Window, epoch_starts
 from lerobot_kit.core.data.dataset import EPOCH_KEY, PolicyDataset, camera_to_float
 from lerobot_kit.core.data.member_quota import MemberQuota
-from lerobot_kit.core.data.item_rows import ItemRows
 from lerobot_kit.core.data.packed import Packed
 from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
 from lerobot_kit.core.data.shared_blocks import LentBlocks, ReusedBlocks, SharedBlocks
@@ -60,6 +60,7 @@ from lerobot_kit.core.errors import ConfigError, LerobotError
 
 MAX_AUTO_WORKERS = 4  # LeRobot's default; more rarely helps a single GPU's step
 PREFETCH_BATCHES = 2  # per worker
+PREFETCH_WINDOWS = 1  # per worker, under block sampling: a window is many batches
 
 Batch = dict[str, torch.Tensor]
 
@@ -97,11 +98,21 @@ class _Fault:
             return DataError(self.message)
 
 
+@dataclass(frozen=True)
+class _Decoding:
+    """A window's items, decoded a group at a time while the collate function packs them."""
+
+    window: Window
+    groups: Iterator[tuple[list[int], list[Batch]]]
+
+
 class TrainingItems:
     """What DataLoader workers index: ``(epoch, frame)`` keys → augmented items.
 
     ``__getitems__`` builds a whole micro-batch in one call (DataLoader uses it when
-    present), so a fault is caught once per batch and returned instead of raised.
+    present), so a fault is caught once per batch and returned instead of raised. Given
+    a block sampling ``Window``, it decodes the window's items lazily, for the collate
+    function to write into the window's batches as they come.
     """
 
     def __init__(self, dataset: PolicyDataset, config: TrainConfig) -> None:
@@ -139,7 +150,10 @@ class TrainingItems:
     def __getitem__(self, key: tuple[int, int]) -> Batch:
         return self.items([key])[0]
 
-    def __getitems__(self, keys: list[tuple[int, int]]) -> list[Batch] | _Fault:
+    def __getitems__(self, keys: list[tuple[int, int]] | Window) -> list[Batch] | _Decoding | _Fault:
+        if isinstance(keys, Window):
+            window = keys
+            return _Decoding(window, ((group, self.items([window.keys[i] for i in group])) for group in window.groups()))
         try:
             return self.items(keys)
         except LerobotError as exc:
@@ -165,21 +179,24 @@ def _stack(values: list[Any]) -> Any:
 
 class _Collate:
     """DataLoader's ``collate_fn``: a batch; from a worker, packed for the trip to the main
-    process (``core.data.packed``) in one of the worker's reusable blocks. With
-    ``as_items`` (block sampling) the items are left for the main process to collate in
-    buffer order, packed likewise."""
+    process (``core.data.packed``) in one of the worker's reusable blocks. A window (block
+    sampling) becomes its batches packed in one block, a worker's or (without workers) one
+    of the main process's reused ones."""
 
-    def __init__(self, blocks: SharedBlocks | None, as_items: bool = False) -> None:
+    def __init__(self, blocks: SharedBlocks | ReusedBlocks) -> None:
         self.blocks = blocks
-        self.as_items = as_items
 
-    def __call__(self, items: list[Batch] | _Fault) -> Batch | list[Batch] | Packed | _Fault:
+    def __call__(self, items: list[Batch] | _Decoding | _Fault) -> Batch | Packed | _Fault:
         if isinstance(items, _Fault):
             return items
+        if isinstance(items, _Decoding):
+            try:
+                return Packed.batches(len(items.window.keys), items.window.batch_size, items.groups, self.blocks)
+            except LerobotError as exc:
+                return _Fault(type(exc), str(exc))
         if get_worker_info() is None:
-            return items if self.as_items else collate(items)
-        return Packed.items(items, self.blocks) if self.as_items else Packed.batch(items, self.blocks)
-
+            return collate(items)
+        return Packed.batch(items, self.blocks)
 
 
 def _seed_worker(worker_id: int, seed: int, rank: int, epoch: int, stop_signals: tuple[int, ...] = ()) -> None:
@@ -204,63 +221,19 @@ class _KeyedBatches:
             yield [(epoch, index) for index in batch]
 
 
-class _BlockTasks:
-    """Episode-block sampling: what workers decode (one block run per task) and the order
-    the main process emits the decoded items in (``core.data.blocks``)."""
+class _BlockWindows:
+    """Episode-block sampling's requests, one ``Window`` of batches each (``core.data.blocks``)."""
 
-    def __init__(self, plan: BlockPlan, start: DataPosition, global_batch: int, batch_size: int,
-                 from_workers: bool) -> None:
+    def __init__(self, plan: BlockPlan, start: DataPosition, global_batch: int, batch_size: int) -> None:
         self.plan = plan
-        self.from_workers = from_workers  # tasks arrive packed, their items then kept in ``rows``
         self.batch_size = batch_size
         self.first_epoch = start.epoch
         self.first_output = start.offset // global_batch * batch_size
-        self._plans: dict[int, EpochPlan] = {}
-        self.reused = ReusedBlocks()  # what batches are collated into
-        self.rows = ItemRows()  # what decoded items wait in
 
-    def epoch(self, epoch: int) -> EpochPlan:
-        """The epoch's plan, kept for the two epochs in use (tasks run ahead of the consumer)."""
-        if epoch not in self._plans:
-            self._plans = {e: p for e, p in self._plans.items() if e >= epoch - 1}
-            self._plans[epoch] = self.plan.epoch(epoch)
-        return self._plans[epoch]
-
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+    def __iter__(self) -> Iterator[Window]:
         for epoch, first in epoch_starts(self.first_epoch, self.first_output):
-            plan = self.epoch(epoch)
-            for task in plan.tasks(first):
-                yield [(epoch, int(plan.inputs[p])) for p in task]
-
-    def batches(self, results: Iterator[list[Batch] | Packed]) -> Iterator[Batch]:
-        """Micro-batches in buffer order, from the decoded tasks (in task order). A task's items
-        are copied out of its worker's block into reused rows as they arrive (``item_rows``),
-        and the block goes back to the worker. Batches are collated into blocks of this
-        process that are filled again once nothing views them."""
-        for epoch, first in epoch_starts(self.first_epoch, self.first_output):
-            plan = self.epoch(epoch)
-            tasks = iter(plan.tasks(first))
-            decoded: dict[int, Batch] = {}
-            pending: list[Batch] = []
-            for position in plan.outputs[first:].tolist():
-                while position not in decoded:
-                    decoded.update(zip(next(tasks).tolist(), self._arrived(next(results))))
-                pending.append(decoded.pop(position))
-                if len(pending) == self.batch_size:
-                    batch: Batch = Packed.batch(pending, self.reused).unpack()  # type: ignore[assignment]
-                    if self.from_workers:
-                        for item in pending:
-                            self.rows.release(item)
-                    pending = []
-                    yield batch
-
-    def _arrived(self, result: list[Batch] | Packed) -> list[Batch]:
-        """A task's items; from a worker, copied into rows and the worker's block handed back."""
-        if not isinstance(result, Packed):  # read in this process (no workers): its own memory
-            return result
-        kept = [self.rows.keep(item) for item in result.unpack()]  # type: ignore[union-attr]
-        result.release()
-        return kept
+            for frames in self.plan.epoch(epoch).windows(first):
+                yield Window([(epoch, frame) for frame in frames.tolist()], self.batch_size, self.plan.block_size)
 
 
 class TrainingLoader:
@@ -272,53 +245,39 @@ class TrainingLoader:
         sampler: ResumableBatchSampler,
         num_workers: int,
         timeout_s: float,
-        cameras: list[str],
-        device: torch.device,
-        blocks: _BlockTasks | None = None,
     ) -> None:
         self.loader = loader
         self.sampler = sampler
         self.num_workers = num_workers
         self.timeout_s = timeout_s
-        self.cameras = cameras
-        self.device = device
-        self.blocks = blocks
         self._workers: Any = None  # the DataLoader iterator that owns the worker processes
         self._lent = LentBlocks()  # blocks of the batches handed out, back to their workers once unused
 
     def __iter__(self) -> Iterator[Batch]:
-        if self.blocks is None:
-            for result in self._results():
-                yield self._delivered(result)
-            return
-        for batch in self.blocks.batches(self._results()):
-            yield self._pinned(batch)
+        for result in self._results():
+            batches = self._delivered(result)
+            batches.reverse()
+            while batches:  # each handed on, not kept here: its block may go back once the consumer drops it
+                yield batches.pop()
 
-    def _delivered(self, result: Batch | Packed) -> Batch:
-        """A batch from the workers: a packed batch's tensors view its block, handed back to its
-        worker once none of them is used any more (``LentBlocks``; on CUDA DataLoader's
-        pinning thread copied the batch out already)."""
+    def _delivered(self, result: Batch | Packed) -> list[Batch]:
+        """The batch, or a window's batches, of one result. A packed result's tensors view its
+        block, handed back to its worker once none of them is used any more (``LentBlocks``;
+        on CUDA DataLoader's pinning thread copied the block out already)."""
         self._lent.release_unviewed()
         if not isinstance(result, Packed):
-            return result
+            return [result]
         if result.slot is not None and self._lent.COUNTED:
             self._lent.lend(result.block, result.slot)
-        batch: Batch = result.unpack()  # type: ignore[assignment]  # a batch, not items
+        unpacked = result.unpack()
+        batches = [unpacked] if isinstance(unpacked, dict) else unpacked
         if result.slot is not None and not self._lent.COUNTED:
             block = result.block.untyped_storage().data_ptr()
-            batch = {key: value.clone() if isinstance(value, torch.Tensor)
-                     and value.untyped_storage().data_ptr() == block else value for key, value in batch.items()}
+            batches = [{key: value.clone() if isinstance(value, torch.Tensor)
+                        and value.untyped_storage().data_ptr() == block else value for key, value in batch.items()}
+                       for batch in batches]
             result.release()
-        return batch
-
-    def _pinned(self, batch: Batch) -> Batch:
-        """A batch collated here (block sampling), its uint8 cameras page-locked when training on
-        CUDA, so that ``batch_to_device`` copies them without blocking."""
-        if self.device.type == "cuda":
-            for camera in self.cameras:
-                if batch[camera].dtype == torch.uint8:
-                    batch[camera] = batch[camera].pin_memory()
-        return batch
+        return batches
 
     def _results(self) -> Iterator[Any]:
         """What the DataLoader delivers, with worker faults raised as themselves."""
@@ -404,20 +363,20 @@ def build_loader(
         len(dataset), config.batch_size, dp_world_size, dp_rank, config.seed, start=start, members=members
     )
     timeout = float(config.parallelism.timeout_s)
-    pin = device.type == "cuda"
-    blocks = None
     batch_sampler: Any = _KeyedBatches(sampler)
+    prefetch = PREFETCH_BATCHES
     if config.dataset.sampler.type == "episode_blocks":
         plan = BlockPlan(
             dataset.episode_lengths(), config.dataset.sampler.block_size, config.dataset.sampler.buffer_size,
             config.batch_size, dp_world_size, dp_rank, config.seed, members,
         )
-        blocks = batch_sampler = _BlockTasks(plan, start, sampler.global_batch, config.batch_size, workers > 0)
+        batch_sampler = _BlockWindows(plan, start, sampler.global_batch, config.batch_size)
+        prefetch = PREFETCH_WINDOWS
     options: dict[str, Any] = {}
     if workers:
         options = {
             "persistent_workers": True,
-            "prefetch_factor": PREFETCH_BATCHES,
+            "prefetch_factor": prefetch,
             "worker_init_fn": partial(
                 _seed_worker, seed=config.seed, rank=dp_rank, epoch=start.epoch,
                 stop_signals=config.preemption.signal_numbers(),
@@ -428,12 +387,11 @@ def build_loader(
         TrainingItems(dataset, config),  # type: ignore[arg-type]  # map-style: __len__/__getitem__
         batch_sampler=batch_sampler,
         num_workers=workers,
-        # Blocks are collated in buffer order, in the main process.
-        collate_fn=_Collate(SharedBlocks(workers) if workers else None, as_items=blocks is not None),
-        pin_memory=pin and blocks is None,
+        collate_fn=_Collate(SharedBlocks(workers) if workers else ReusedBlocks()),
+        pin_memory=device.type == "cuda",
         # A private generator: creating the iterator must not draw from the global RNG, or a
         # resumed run's dropout would drift from the uninterrupted run's.
         generator=torch.Generator().manual_seed(config.seed),
         **options,
     )
-    return TrainingLoader(loader, sampler, workers, timeout, dataset.meta.image_keys(), device, blocks)
+    return TrainingLoader(loader, sampler, workers, timeout)

@@ -4,10 +4,10 @@ Each tensor a worker returns travels on its own: a shared-memory segment made fo
 file descriptor passed over a socket, a map in the main process — about 0.2 ms of CPU on
 each side per tensor on the development machine, whatever its size. A batch carries ten
 or so (each camera, the state, the action and its padding flags, the indices), and the
-block of items an episode-block task returns that many per item. Packed, they make one
-trip: the worker copies each tensor into its place in one storage (collation's copy, not
-another: a batch's frames are stacked straight into it), and the main process views them
-there. Values, dtypes, shapes and strides (``channels_last`` camera batches) are those of
+window of batches an episode-block worker builds that many per batch. Packed, they make
+one trip: the worker copies each tensor into its place in one storage (collation's copy,
+not another: a batch's frames are stacked straight into it, a window's items written
+straight into their rows of its batches), and the main process views them there. Values, dtypes, shapes and strides (``channels_last`` camera batches) are those of
 the tensors packed; other values (task texts) travel as they are. A batch's block is one
 the worker fills again once the main process is done with it (``shared_blocks``).
 """
@@ -15,16 +15,21 @@ the worker fills again once the main process is done with it (``shared_blocks``)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
 from lerobot_kit.core.data.shared_blocks import ReusedBlocks, SharedBlocks, new_block, release
+from lerobot_kit.core.errors import LerobotError
 
 ALIGNMENT = 64  # bytes, of each tensor's place in the block
 
 Batch = dict[str, Any]
+
+
+class MismatchedItems(LerobotError):
+    """Items to be batched together disagree on a tensor's shape or dtype."""
 
 
 @dataclass(frozen=True)
@@ -40,16 +45,22 @@ class _Place:
     def view(self, block: torch.Tensor) -> torch.Tensor:
         return block[self.offset : self.offset + self.nbytes].view(self.dtype).as_strided(self.shape, self.stride)
 
+    def rows(self, lo: int, hi: int) -> _Place:
+        """The place of rows ``lo:hi`` of the first dimension, whose rows lie one after the other."""
+        shape = (hi - lo, *self.shape[1:])
+        offset = self.offset + lo * self.stride[0] * self.dtype.itemsize
+        return _Place(offset, self.dtype, shape, self.stride, extent(shape, self.stride) * self.dtype.itemsize)
+
 
 @dataclass(frozen=True)
 class Packed:
-    """Items (``batched=False``) or a collated batch: per item (one for a batch), each key's
-    place in ``block`` or, for a value that is not a tensor, the value itself. ``slot``:
-    the block's in its worker's ``SharedBlocks``, to ``release`` once nothing views it."""
+    """One collated batch (``single``) or a window's batches: per batch, each key's place in
+    ``block`` or, for a value that is not a tensor, the value itself. ``slot``: the
+    block's in its worker's ``SharedBlocks``, to ``release`` once nothing views it."""
 
     block: torch.Tensor  # uint8, in shared memory when made in a worker
     entries: list[dict[str, _Place | Any]]
-    batched: bool
+    single: bool
     slot: tuple[str, int, int] | None = None
 
     @classmethod
@@ -70,37 +81,59 @@ class Packed:
             else:
                 places[key] = default_collate(values)
         block, slot = layout.block(blocks)
-        packed = cls(block, [places], batched=True, slot=slot)
+        packed = cls(block, [places], single=True, slot=slot)
         for key, values in stacked.items():
             for row, value in zip(places[key].view(packed.block), values):
                 copy_into(row, value)
         return packed
 
     @classmethod
-    def items(cls, items: list[Batch], blocks: SharedBlocks | None = None) -> Packed:
-        """The items as they are, each tensor in the block with its own strides; in one of
-        ``blocks`` when given."""
-        layout = _Layout()
-        entries = [{key: layout.add(value.dtype, tuple(value.shape), _strides(value))
-                    if isinstance(value, torch.Tensor) else value for key, value in item.items()} for item in items]
-        block, slot = layout.block(blocks)
-        packed = cls(block, entries, batched=False, slot=slot)
-        for item, entry in zip(items, entries):
-            for key, place in entry.items():
-                if isinstance(place, _Place):
-                    place.view(packed.block).copy_(item[key])
+    def batches(cls, count: int, batch_size: int, groups: Iterable[tuple[list[int], list[Batch]]],
+                blocks: SharedBlocks | ReusedBlocks | None = None) -> Packed:
+        """``count`` samples as consecutive batches of ``batch_size``, filled from ``groups``
+        (sample positions and their items, in any order): each item's tensors are copied
+        straight into their rows, so a caller holds one group of items at a time. A key
+        whose first value is a tensor is stacked (every value must then match its shape and
+        dtype); anything else is gathered by ``default_collate`` per batch."""
+        stacked: dict[str, _Place] = {}
+        loose: dict[str, list[Any]] = {}
+        rows: dict[str, torch.Tensor] = {}
+        keys: list[str] = []
+        packed = None
+        for positions, items in groups:
+            if packed is None:
+                keys, layout = list(items[0]), _Layout()
+                for key, first in items[0].items():
+                    if isinstance(first, torch.Tensor):
+                        stacked[key] = layout.add(first.dtype, (count, *first.shape), (first.numel(), *_strides(first)))
+                    else:
+                        loose[key] = [None] * count
+                block, slot = layout.block(blocks)
+                packed = cls(block, [], single=False, slot=slot)
+                rows = {key: place.view(block) for key, place in stacked.items()}
+            for position, item in zip(positions, items):
+                for key, value in item.items():
+                    if key in rows:
+                        _require_like(key, value, rows[key])
+                        copy_into(rows[key][position], value)
+                    else:
+                        loose[key][position] = value
+        assert packed is not None, "a window has at least one sample"
+        for lo in range(0, count, batch_size):
+            packed.entries.append({key: stacked[key].rows(lo, lo + batch_size) if key in stacked
+                                   else default_collate(loose[key][lo : lo + batch_size]) for key in keys})
         return packed
 
     def unpack(self) -> Batch | list[Batch]:
-        """The batch or the items, their tensors views of the block."""
+        """The batch or the window's batches, their tensors views of the block."""
         out = [{key: place.view(self.block) if isinstance(place, _Place) else place for key, place in entry.items()}
                for entry in self.entries]
-        return out[0] if self.batched else out
+        return out[0] if self.single else out
 
     def pin_memory(self) -> Packed:
         """The same, in page-locked memory (DataLoader's pinning thread calls this): one copy for
         all tensors, after which the worker may fill its block again."""
-        pinned = Packed(self.block.pin_memory(), self.entries, self.batched)
+        pinned = Packed(self.block.pin_memory(), self.entries, self.single)
         self.release()
         return pinned
 
@@ -110,11 +143,21 @@ class Packed:
             release(self.slot)
 
 
+def _require_like(key: str, value: Any, rows: torch.Tensor) -> None:
+    """``value`` fits a row of ``rows`` (the stacked values of ``key``), or the items cannot be batched."""
+    if not isinstance(value, torch.Tensor) or (value.shape, value.dtype) != (rows.shape[1:], rows.dtype):
+        found = f"{tuple(value.shape)} {value.dtype}" if isinstance(value, torch.Tensor) else type(value).__name__
+        raise MismatchedItems(
+            f"the dataset's items disagree on {key!r}: {tuple(rows.shape[1:])} {rows.dtype} and {found}, so they "
+            "cannot be batched; make the dataset return one shape and dtype per key"
+        )
+
+
 def copy_into(out: torch.Tensor, value: torch.Tensor) -> None:
     """``out[...] = value``, through NumPy where the dtype allows: one thread. torch copies
-    a large tensor on its thread pool, and in the main process (which collates block
-    sampling's batches) the pool's threads then spin idle for a while, costing more CPU
-    than the copy (measured: 0.96 against 0.42 ms of the main process's CPU a sample)."""
+    a large tensor on its thread pool, and in a process with several threads (the main
+    process, collating without workers) the pool's threads then spin idle for a while,
+    costing more CPU than the copy (measured: 0.96 against 0.42 ms of CPU a sample)."""
     if value.dtype in _NUMPY_DTYPES and not value.requires_grad:
         out.numpy()[...] = value.numpy()
     else:

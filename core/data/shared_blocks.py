@@ -6,10 +6,9 @@ main process, and unmapped — about 20 ms of CPU for the 22 MB batch of three 4
 cameras on the development machine, against 2.5 ms to copy the frames into a block
 used before. So each worker keeps a few blocks (``SLOTS``) and the main process says,
 through a small table of flags both share, when it is done with one: no tensor it handed
-out views the block any more (``LentBlocks``), it copied the batch into page-locked
-memory for the GPU, or it copied an episode-block task's items out. A block larger
-than what a worker packs serves it (tasks differ in size at episodes' ends); one too
-small is replaced. A worker that finds none of its blocks free makes a fresh one, as
+out views the block any more (``LentBlocks``), or it copied the block into page-locked
+memory for the GPU. A block larger than what a worker packs serves it (an episode-block
+window is smaller where an epoch ends); one too small is replaced. A worker that finds none of its blocks free makes a fresh one, as
 before: it never waits for the main process.
 
 The table is made in the main process before the workers start; a worker inherits it
@@ -101,12 +100,12 @@ class LentBlocks:
 
 
 class ReusedBlocks:
-    """In the main process: private blocks it collates batches into (block sampling, where
-    batches are put together here in buffer order), each filled again once no tensor views
-    it any more, as ``LentBlocks`` tells. A fresh block per batch costs more than the copy
-    into it: the 8 MB of a batch of eight 480×640 frames are allocated, zeroed and faulted
-    in each time (about 0.5 ms of CPU a sample on the development machine). ``take`` has
-    ``SharedBlocks.take``'s form, so ``Packed.batch`` fills either."""
+    """Blocks of the main process that a loader without workers packs block sampling's
+    windows into, each filled again once no tensor views it any more, as ``LentBlocks``
+    tells. A fresh block per window costs more than the copies into it: its pages (236 MB
+    for 256 samples of one 480×640 camera) are allocated, zeroed and faulted in each time
+    (about 0.5 ms of CPU a sample on the development machine). ``take`` has
+    ``SharedBlocks.take``'s form, so ``Packed`` fills either."""
 
     def __init__(self, count: int = SLOTS) -> None:
         self.count = count
@@ -119,7 +118,7 @@ class ReusedBlocks:
         block = torch.empty(size, dtype=torch.uint8)
         if LentBlocks.COUNTED:
             if len(self._blocks) == self.count:  # all in use: the smallest makes room
-                self._blocks.remove(min(self._blocks, key=lambda kept: kept[0].numel()))
+                del self._blocks[min(range(self.count), key=lambda i: self._blocks[i][0].numel())]
             self._blocks.append((block, users(block)))
         return block, None
 

@@ -10,7 +10,7 @@ import torch
 
 from lerobot_dataset_factory import write_lerobot_dataset
 from lerobot_kit.core.config.flags import parse_train_config
-from lerobot_kit.core.data.blocks import BlockPlan, shuffle_buffer
+from lerobot_kit.core.data.blocks import BlockPlan, Window, shuffle_windows
 from lerobot_kit.core.data.build import build_dataset
 from lerobot_kit.core.data.loader import batch_to_device, build_loader
 from lerobot_kit.core.data.sampler import DataPosition
@@ -22,26 +22,37 @@ def test_epoch_plans_split_shuffled_blocks_between_ranks() -> None:
     plans = [BlockPlan(LENGTHS, 6, 10, 4, 2, rank, seed=3) for rank in range(2)]
     starts = np.concatenate([[0], np.cumsum(LENGTHS)])
     assert plans[0].share == 80 // 8 * 4 == 40
+    assert plans[0].window == 8  # the buffer's 10 frames, in whole batches of 4
     for epoch in range(3):
         epochs = [plan.epoch(epoch) for plan in plans]
         assert not set(epochs[0].inputs.tolist()) & set(epochs[1].inputs.tolist())
+        everything = np.concatenate([e.inputs for e in epochs])  # the epoch's blocks, end to end
+        run_starts = np.flatnonzero(np.diff(everything, prepend=-2) != 1)
+        assert np.isin(everything[run_starts], plans[0].blocks[:, 0]).all()  # whole blocks: none is cut
+        assert ((plans[0].blocks[:, 1] - plans[0].blocks[:, 0] <= 6)
+                & (np.searchsorted(starts, plans[0].blocks[:, 0], side="right")
+                   == np.searchsorted(starts, plans[0].blocks[:, 1] - 1, side="right"))).all()  # within an episode
         for e in epochs:
             assert len(e.inputs) == 40 and sorted(e.outputs.tolist()) == list(range(40))
-            assert all(e.outputs[j] <= 10 + j for j in range(40))  # never further ahead than the buffer
-            for block in np.unique(e.block_of):  # a block is consecutive frames of one episode
-                frames = e.inputs[e.block_of == block]
-                assert np.array_equal(frames, np.arange(frames[0], frames[0] + len(frames)))
-                episode = np.searchsorted(starts, frames[0], side="right") - 1
-                assert frames[-1] < starts[episode + 1] and len(frames) <= 6
+            assert (e.outputs // 8 == np.arange(40) // 8).all()  # each window shuffled within itself
+            windows = list(e.windows(12))  # from the middle of the second window on
+            assert [len(w) for w in windows] == [4, 8, 8, 8]
+            assert np.array_equal(np.concatenate(windows), e.inputs[e.outputs[12:]])
     assert not np.array_equal(plans[0].epoch(0).inputs, plans[0].epoch(1).inputs)  # reshuffled each epoch
     assert np.array_equal(plans[0].epoch(1).outputs, BlockPlan(LENGTHS, 6, 10, 4, 2, 0, seed=3).epoch(1).outputs)
 
 
-def test_shuffle_buffer_is_a_bounded_permutation() -> None:
-    out = shuffle_buffer(1000, 16, np.random.default_rng(0))
+def test_shuffle_windows_permutes_each_window_within_itself() -> None:
+    out = shuffle_windows(1000, 16, np.random.default_rng(0))
     assert sorted(out.tolist()) == list(range(1000))
-    assert (out <= np.arange(1000) + 16).all()
-    assert shuffle_buffer(5, 1, np.random.default_rng(0)).tolist() == [0, 1, 2, 3, 4]  # no buffer, no shuffle
+    assert (out // 16 == np.arange(1000) // 16).all() and not np.array_equal(out, np.arange(1000))
+    assert shuffle_windows(5, 1, np.random.default_rng(0)).tolist() == [0, 1, 2, 3, 4]  # one frame: no shuffle
+    assert shuffle_windows(0, 8, np.random.default_rng(0)).tolist() == []
+
+
+def test_a_window_is_decoded_in_frame_order_a_group_at_a_time() -> None:
+    window = Window([(0, 7), (0, 3), (0, 12), (0, 4), (0, 5)], batch_size=5, group=2)
+    assert list(window.groups()) == [[1, 3], [4, 0], [2]]  # frames 3, 4 | 5, 7 | 12
 
 
 def test_block_loader_resumes_exactly_and_serves_the_datasets_items(tmp_path: Path) -> None:
