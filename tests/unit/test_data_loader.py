@@ -77,13 +77,15 @@ def test_ranks_load_disjoint_slices_of_each_global_batch(tmp_path: Path) -> None
         assert not set(a["index"].tolist()) & set(b["index"].tolist())
 
 
-def test_a_bad_frame_in_a_worker_is_the_readers_one_line_in_the_main_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sampler", [[], ["--dataset.sampler.type=episode_blocks"]], ids=["random", "episode_blocks"])
+def test_a_bad_frame_in_a_worker_is_the_readers_one_line_in_the_main_process(tmp_path: Path,
+                                                                            sampler: list[str]) -> None:
     write_lerobot_dataset(tmp_path, LENGTHS, video=True)
     meta_file = tmp_path / "meta/episodes/chunk-000/file-000.parquet"
     rows = pq.read_table(meta_file).to_pylist()
     rows[1][f"videos/{VIDEO_KEY}/from_timestamp"] += 10.0  # episode 1 points past the end of the video
     pq.write_table(pa.Table.from_pylist(rows), meta_file)
-    config = parse_train_config([*video_flags(tmp_path), "--num_workers=2"])
+    config = parse_train_config([*video_flags(tmp_path), "--num_workers=2", *sampler])
     loader = build_loader(build_dataset(config), config, 1, 0, DataPosition(), CPU)
     with pytest.raises(LeRobotDatasetError) as error:
         for _ in itertools.islice(iter(loader), 20):
@@ -94,11 +96,12 @@ def test_a_bad_frame_in_a_worker_is_the_readers_one_line_in_the_main_process(tmp
     assert "of 'observation.images.wrist' but the video has nearest frame at 2.9000s" in message
 
 
-def test_a_corrupt_video_names_file_episode_and_time(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sampler", [[], ["--dataset.sampler.type=episode_blocks"]], ids=["random", "episode_blocks"])
+def test_a_corrupt_video_names_file_episode_and_time(tmp_path: Path, sampler: list[str]) -> None:
     write_lerobot_dataset(tmp_path, LENGTHS, video=True, episodes_per_file=1)
     video = tmp_path / f"videos/{VIDEO_KEY}/chunk-000/file-001.mp4"
     video.write_bytes(b"\x00" * 64 + video.read_bytes()[64:200])
-    config = parse_train_config([*video_flags(tmp_path), "--num_workers=1"])
+    config = parse_train_config([*video_flags(tmp_path), "--num_workers=1", *sampler])
     loader = build_loader(build_dataset(config), config, 1, 0, DataPosition(), CPU)
     with pytest.raises(LeRobotDatasetError) as error:
         for _ in itertools.islice(iter(loader), 20):
