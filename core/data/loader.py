@@ -11,10 +11,10 @@ and the benchmarks call it):
   (``core.data.member_quota``).
 - Workers: ``--num_workers`` (default: automatic, ``cpus per rank - 1``, at most
   ``MAX_AUTO_WORKERS``, so 0 on one core; 0 for a dataset held in memory, whose items
-  cost less than a batch's trip between processes), persistent, ``PREFETCH_BATCHES`` batches
-  (or ``PREFETCH_WINDOWS`` windows) ahead each, pinned memory when training on CUDA. What a worker returns travels packed
-  in one block of shared memory (``core.data.packed``): one trip per batch, not one per
-  tensor. Camera frames leave the workers as uint8, as stored (unless augmented, which
+  cost less than a batch's trip between processes), persistent, ``PREFETCH_BATCHES``
+  batches (or ``PREFETCH_WINDOWS`` windows) ahead each, pinned memory when training on
+  CUDA. What a worker returns travels packed in one block of shared memory
+  (``core.data.packed``): one trip per batch (or window), not one per tensor. Camera frames leave the workers as uint8, as stored (unless augmented, which
   works in float), and the loader's batches keep them so: converting and collating float
   frames cost a worker more than decoding them, and converting them in the main process
   cost it more than all the rest of its share of the loading (three 480×640 cameras: 4×

@@ -7,7 +7,8 @@ or so (each camera, the state, the action and its padding flags, the indices), a
 window of batches an episode-block worker builds that many per batch. Packed, they make
 one trip: the worker copies each tensor into its place in one storage (collation's copy,
 not another: a batch's frames are stacked straight into it, a window's items written
-straight into their rows of its batches), and the main process views them there. Values, dtypes, shapes and strides (``channels_last`` camera batches) are those of
+straight into their rows of its batches), and the main process views them there.
+Values, dtypes, shapes and strides (``channels_last`` camera batches) are those of
 the tensors packed; other values (task texts) travel as they are. A batch's block is one
 the worker fills again once the main process is done with it (``shared_blocks``).
 """
@@ -94,7 +95,8 @@ class Packed:
         (sample positions and their items, in any order): each item's tensors are copied
         straight into their rows, so a caller holds one group of items at a time. A key
         whose first value is a tensor is stacked (every value must then match its shape and
-        dtype); anything else is gathered by ``default_collate`` per batch."""
+        dtype); anything else is gathered by ``default_collate`` per batch. Every item must
+        have the first one's keys."""
         stacked: dict[str, _Place] = {}
         loose: dict[str, list[Any]] = {}
         rows: dict[str, torch.Tensor] = {}
@@ -112,6 +114,9 @@ class Packed:
                 packed = cls(block, [], single=False, slot=slot)
                 rows = {key: place.view(block) for key, place in stacked.items()}
             for position, item in zip(positions, items):
+                if list(item) != keys:
+                    raise MismatchedItems(f"the dataset's items disagree on their keys: {keys} and {list(item)}, so "
+                                          "they cannot be batched; make the dataset return the same keys for every item")
                 for key, value in item.items():
                     if key in rows:
                         _require_like(key, value, rows[key])

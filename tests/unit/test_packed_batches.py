@@ -76,6 +76,13 @@ def test_items_that_disagree_on_a_tensor_cannot_be_packed_into_batches(change) -
         Packed.batches(3, 3, [([0, 1, 2], window)])
 
 
+def test_items_that_disagree_on_their_keys_cannot_be_packed_into_batches() -> None:
+    window = items()
+    del window[1]["task"]
+    with pytest.raises(MismatchedItems, match="items disagree on their keys"):
+        Packed.batches(3, 3, [([0, 1, 2], window)])
+
+
 class _Numbers(Dataset):
     def __len__(self) -> int:
         return 1000
