@@ -84,8 +84,9 @@ class Packed:
         block, slot = layout.block(blocks)
         packed = cls(block, [places], single=True, slot=slot)
         for key, values in stacked.items():
-            for row, value in zip(places[key].view(packed.block), values):
-                copy_into(row, value)
+            rows = _Rows(key, places[key].view(packed.block))
+            for position, value in enumerate(values):
+                rows.put(position, value)
         return packed
 
     @classmethod
@@ -99,7 +100,7 @@ class Packed:
         have the first one's keys."""
         stacked: dict[str, _Place] = {}
         loose: dict[str, list[Any]] = {}
-        rows: dict[str, torch.Tensor] = {}
+        rows: dict[str, _Rows] = {}
         keys: list[str] = []
         packed = None
         for positions, items in groups:
@@ -112,15 +113,14 @@ class Packed:
                         loose[key] = [None] * count
                 block, slot = layout.block(blocks)
                 packed = cls(block, [], single=False, slot=slot)
-                rows = {key: place.view(block) for key, place in stacked.items()}
+                rows = {key: _Rows(key, place.view(block)) for key, place in stacked.items()}
             for position, item in zip(positions, items):
                 if list(item) != keys:
                     raise MismatchedItems(f"the dataset's items disagree on their keys: {keys} and {list(item)}, so "
                                           "they cannot be batched; make the dataset return the same keys for every item")
                 for key, value in item.items():
                     if key in rows:
-                        _require_like(key, value, rows[key])
-                        copy_into(rows[key][position], value)
+                        rows[key].put(position, value)
                     else:
                         loose[key][position] = value
         assert packed is not None, "a window has at least one sample"
@@ -148,25 +148,31 @@ class Packed:
             release(self.slot)
 
 
-def _require_like(key: str, value: Any, rows: torch.Tensor) -> None:
-    """``value`` fits a row of ``rows`` (the stacked values of ``key``), or the items cannot be batched."""
-    if not isinstance(value, torch.Tensor) or (value.shape, value.dtype) != (rows.shape[1:], rows.dtype):
-        found = f"{tuple(value.shape)} {value.dtype}" if isinstance(value, torch.Tensor) else type(value).__name__
-        raise MismatchedItems(
-            f"the dataset's items disagree on {key!r}: {tuple(rows.shape[1:])} {rows.dtype} and {found}, so they "
-            "cannot be batched; make the dataset return one shape and dtype per key"
-        )
+class _Rows:
+    """The rows of one stacked key, written an item at a time, each value checked against the
+    first item's. Through a NumPy view made once where the dtype allows: one thread, where
+    torch copies a large tensor on its thread pool, whose threads then spin idle for a while
+    in a process with several (the main process, collating without workers), costing more
+    CPU than the copy (measured: 0.96 against 0.42 ms of CPU a sample); and no torch
+    indexing per item, which cost more than the copies at 96×96."""
 
+    def __init__(self, key: str, rows: torch.Tensor) -> None:
+        self.key = key
+        self.rows = rows
+        self.like = (rows.shape[1:], rows.dtype)
+        self.array = rows.numpy() if rows.dtype in _NUMPY_DTYPES else None
 
-def copy_into(out: torch.Tensor, value: torch.Tensor) -> None:
-    """``out[...] = value``, through NumPy where the dtype allows: one thread. torch copies
-    a large tensor on its thread pool, and in a process with several threads (the main
-    process, collating without workers) the pool's threads then spin idle for a while,
-    costing more CPU than the copy (measured: 0.96 against 0.42 ms of CPU a sample)."""
-    if value.dtype in _NUMPY_DTYPES and not value.requires_grad:
-        out.numpy()[...] = value.numpy()
-    else:
-        out.copy_(value)
+    def put(self, position: int, value: Any) -> None:
+        if not isinstance(value, torch.Tensor) or (value.shape, value.dtype) != self.like:
+            found = f"{tuple(value.shape)} {value.dtype}" if isinstance(value, torch.Tensor) else type(value).__name__
+            raise MismatchedItems(
+                f"the dataset's items disagree on {self.key!r}: {tuple(self.like[0])} {self.like[1]} and {found}, so "
+                "they cannot be batched; make the dataset return one shape and dtype per key"
+            )
+        if self.array is not None and not value.requires_grad:
+            self.array[position] = value.numpy()
+        else:
+            self.rows[position].copy_(value)
 
 
 _NUMPY_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
