@@ -245,11 +245,13 @@ class TrainingLoader:
         sampler: ResumableBatchSampler,
         num_workers: int,
         timeout_s: float,
+        memory_flags: str = "--num_workers",
     ) -> None:
         self.loader = loader
         self.sampler = sampler
         self.num_workers = num_workers
         self.timeout_s = timeout_s
+        self.memory_flags = memory_flags  # what to lower when a worker ran out of memory
         self._workers: Any = None  # the DataLoader iterator that owns the worker processes
         self._lent = LentBlocks()  # blocks of the batches handed out, back to their workers once unused
 
@@ -288,7 +290,12 @@ class TrainingLoader:
                 try:
                     result = next(results)
                 except RuntimeError as exc:
-                    raise self._worker_failure(exc) from exc
+                    raise self.worker_failure(exc) from exc
+                except (EOFError, ConnectionError) as exc:  # its batch's memory is handed over by the worker itself
+                    raise DataError(
+                        f"DataLoader worker died while handing over a batch ({type(exc).__name__}). "
+                        f"Lower {self.memory_flags} if the machine ran out of memory"
+                    ) from exc
                 if isinstance(result, _Fault):
                     raise result.error()
                 yield result
@@ -316,7 +323,11 @@ class TrainingLoader:
                 worker.kill()
                 worker.join()
 
-    def _worker_failure(self, exc: RuntimeError) -> Exception:
+    def worker_failure(self, exc: RuntimeError) -> Exception:
+        """``exc`` as the user's one line when it is DataLoader's word on its workers, else ``exc``.
+
+        Public because a worker's death also arrives outside iteration: DataLoader's SIGCHLD
+        handler raises it in whatever the main thread runs at that moment (a step, a save)."""
         text = str(exc)
         if "DataLoader timed out" in text:
             return DataError(
@@ -325,7 +336,7 @@ class TrainingLoader:
             )
         if "DataLoader worker" in text:
             first = text.splitlines()[0]
-            return DataError(f"{first} Lower --num_workers if the machine ran out of memory")
+            return DataError(f"{first} Lower {self.memory_flags} if the machine ran out of memory")
         return exc
 
 
@@ -364,7 +375,7 @@ def build_loader(
     )
     timeout = float(config.parallelism.timeout_s)
     batch_sampler: Any = _KeyedBatches(sampler)
-    prefetch = PREFETCH_BATCHES
+    prefetch, memory_flags = PREFETCH_BATCHES, "--num_workers"
     if config.dataset.sampler.type == "episode_blocks":
         plan = BlockPlan(
             dataset.episode_lengths(), config.dataset.sampler.block_size, config.dataset.sampler.buffer_size,
@@ -372,6 +383,7 @@ def build_loader(
         )
         batch_sampler = _BlockWindows(plan, start, sampler.global_batch, config.batch_size)
         prefetch = PREFETCH_WINDOWS
+        memory_flags = "--num_workers or --dataset.sampler.buffer_size (each worker holds two windows of it)"
     options: dict[str, Any] = {}
     if workers:
         options = {
@@ -394,4 +406,4 @@ def build_loader(
         generator=torch.Generator().manual_seed(config.seed),
         **options,
     )
-    return TrainingLoader(loader, sampler, workers, timeout)
+    return TrainingLoader(loader, sampler, workers, timeout, memory_flags)

@@ -201,6 +201,11 @@ def _train(config: TrainConfig, ctx: DistContext, lock: OutputLock) -> TrainResu
     )
     try:
         result = trainer.fit()
+    except RuntimeError as exc:
+        failure = prepared.loader.worker_failure(exc)
+        if failure is exc:
+            raise
+        raise failure from exc
     finally:
         tracker.finish()
     if ctx.is_main and result.logged:

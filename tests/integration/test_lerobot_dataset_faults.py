@@ -3,6 +3,10 @@
 - A video dataset without ``meta/stats.json``: the training process decodes camera frames
   for the stats, then forks DataLoader workers. They inherited its open decoders and
   deadlocked freeing them, so the run never reached step 1; now it trains.
+- A DataLoader worker killed mid-run (as the kernel's out-of-memory killer kills one) used to
+  end the run as an "internal error": DataLoader's SIGCHLD handler raises the death inside
+  whatever the training process runs at that moment. Now it is one line naming the flags
+  that lower the loader's memory, exit 1.
 - A NaN in ``meta/stats.json`` turned every weight into NaN at the first step; now the
   dataset is refused when it is opened, in one line naming the file, the entry and the fix.
 """
@@ -10,8 +14,15 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
 
-from conftest import TINY_ACT, launch_env, read_metrics, run_cli
+import pytest
+from _dist_util import without_launcher_vars
+from conftest import TINY_ACT, launch_env, read_metrics, run_cli, script
 from lerobot_dataset_factory import write_lerobot_dataset
 
 
@@ -25,6 +36,45 @@ def test_a_video_dataset_without_stats_trains_with_workers(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert [row["step"] for row in read_metrics(out)] == [1, 2, 3, 4]
     assert (out / "checkpoints/last/pretrained_model/model.safetensors").is_file()
+
+
+def _children(pid: int) -> list[int]:
+    tasks = Path(f"/proc/{pid}/task")
+    return sorted(int(child) for task in tasks.iterdir() for child in (task / "children").read_text().split())
+
+
+@pytest.mark.parametrize(("sampler", "fix"), [
+    ([], "Lower --num_workers if the machine ran out of memory"),
+    (["--dataset.sampler.type=episode_blocks", "--dataset.sampler.buffer_size=16"],
+     "Lower --num_workers or --dataset.sampler.buffer_size (each worker holds two windows of it) if"),
+], ids=["random", "episode_blocks"])
+def test_a_killed_worker_ends_the_run_in_one_line_naming_what_to_lower(tmp_path, sampler, fix):
+    root = tmp_path / "user" / "video"
+    write_lerobot_dataset(root, [40, 40], video=True)
+    out = tmp_path / "run"
+    command = [script("lerobot"), "train", "--dataset.repo_id=user/video", f"--dataset.root={root}", *TINY_ACT,
+               *sampler, "--num_workers=2", "--steps=100000", "--log_freq=1", "--batch_size=4", "--save_freq=100000",
+               f"--output_dir={out}"]
+    log = tmp_path / "stderr.log"
+    with log.open("w") as stderr_file:
+        run = subprocess.Popen(command, env={**without_launcher_vars(), **launch_env(tmp_path)},
+                               stdout=subprocess.DEVNULL, stderr=stderr_file)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "logs/metrics.jsonl").is_file() or not read_metrics(out):
+            assert run.poll() is None and time.monotonic() < deadline, "no step logged"
+            time.sleep(0.05)
+        workers = _children(run.pid)
+        assert len(workers) == 2, workers
+        os.kill(workers[0], signal.SIGKILL)
+        run.wait(timeout=60)
+    finally:
+        run.kill()
+    stderr = log.read_text()
+    assert run.returncode == 1, stderr[-3000:]
+    lines = stderr.splitlines()
+    assert lines[-1].startswith("error: DataLoader worker ") and fix in lines[-1], stderr[-3000:]
+    assert not [line for line in lines if line.startswith("Traceback")], stderr[-3000:]
 
 
 def test_nan_in_stats_json_is_refused_when_the_dataset_is_opened(tmp_path):
