@@ -52,6 +52,7 @@ from torch.utils.data import DataLoader, default_collate, get_worker_info
 from lerobot_kit.core.config.schema import TrainConfig
 from lerobot_kit.core.data.blocks import BlockPlan, Window, epoch_starts
 from lerobot_kit.core.data.dataset import EPOCH_KEY, PolicyDataset, camera_to_float
+from lerobot_kit.core.data.fetch_watch import FetchWatch
 from lerobot_kit.core.data.member_quota import MemberQuota
 from lerobot_kit.core.data.packed import Packed
 from lerobot_kit.core.data.sampler import DataPosition, ResumableBatchSampler
@@ -253,6 +254,7 @@ class TrainingLoader:
         self.timeout_s = timeout_s
         self.memory_flags = memory_flags  # what to lower when a worker ran out of memory
         self._workers: Any = None  # the DataLoader iterator that owns the worker processes
+        self._watch: FetchWatch | None = None  # bounds each fetch, handover included
         self._lent = LentBlocks()  # blocks of the batches handed out, back to their workers once unused
 
     def __iter__(self) -> Iterator[Batch]:
@@ -285,13 +287,17 @@ class TrainingLoader:
         """What the DataLoader delivers, with worker faults raised as themselves."""
         results = self._workers = iter(self.loader)
         atexit.register(self.close)
+        if self.num_workers:
+            self._watch = FetchWatch(self.timeout_s, self._worker_pids)
         try:
             while True:
                 try:
-                    result = next(results)
+                    result = self._fetch(results)
                 except RuntimeError as exc:
                     raise self.worker_failure(exc) from exc
                 except (EOFError, ConnectionError) as exc:  # its batch's memory is handed over by the worker itself
+                    if self._watch is not None and self._watch.fired:
+                        raise self._stuck() from exc
                     raise DataError(
                         f"DataLoader worker died while handing over a batch ({type(exc).__name__}). "
                         f"Lower {self.memory_flags} if the machine ran out of memory"
@@ -301,6 +307,18 @@ class TrainingLoader:
                 yield result
         finally:
             self.close()
+
+    def _fetch(self, results: Iterator[Any]) -> Any:
+        if self._watch is None:
+            return next(results)
+        self._watch.begin()
+        try:
+            return next(results)
+        finally:
+            self._watch.end()
+
+    def _worker_pids(self) -> list[int]:
+        return [worker.pid for worker in getattr(self._workers, "_workers", ())]
 
     def close(self) -> None:
         """Stop the worker processes now (also at interpreter exit, and when iteration ends).
@@ -315,6 +333,8 @@ class TrainingLoader:
         """
         workers, self._workers = self._workers, None
         atexit.unregister(self.close)
+        if self._watch is not None:
+            self._watch.stop()
         shutdown = getattr(workers, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
@@ -329,15 +349,18 @@ class TrainingLoader:
         Public because a worker's death also arrives outside iteration: DataLoader's SIGCHLD
         handler raises it in whatever the main thread runs at that moment (a step, a save)."""
         text = str(exc)
-        if "DataLoader timed out" in text:
-            return DataError(
-                f"no batch from the DataLoader workers in {self.timeout_s:.0f} s (--parallelism.timeout_s); "
-                "a worker is stuck reading the dataset"
-            )
+        if "DataLoader timed out" in text or (self._watch is not None and self._watch.fired):
+            return self._stuck()
         if "DataLoader worker" in text:
             first = text.splitlines()[0]
             return DataError(f"{first} Lower {self.memory_flags} if the machine ran out of memory")
         return exc
+
+    def _stuck(self) -> DataError:
+        return DataError(
+            f"no batch from the DataLoader workers in {self.timeout_s:.0f} s (--parallelism.timeout_s); "
+            "a worker is stuck reading the dataset or handing over its batch"
+        )
 
 
 def batch_to_device(batch: Batch, device: torch.device, cameras: list[str]) -> Batch:

@@ -179,7 +179,7 @@ def test_a_worker_stuck_in_a_read_ends_the_run_with_one_line_and_is_killed(tmp_p
     assert proc.returncode == 1, output[-4000:]
     assert output.splitlines()[-1] == (
         f"error: no batch from the DataLoader workers in {DATA_TIMEOUT_S} s (--parallelism.timeout_s); a worker is "
-        "stuck reading the dataset"
+        "stuck reading the dataset or handing over its batch"
     ), output[-4000:]
     assert "Traceback" not in output
     assert _gone(int(worker_pid.read_text()))

@@ -1,0 +1,53 @@
+"""The one DataLoader wait its ``timeout`` does not bound: taking over a batch's shared memory.
+
+DataLoader's ``timeout`` limits the wait for a worker's message, not what follows it. A
+message whose tensors live in shared memory carries file descriptors, and the main
+process fetches each from the worker that sent it, over a connection one of that
+worker's threads answers. A worker stopped after sending (SIGSTOP, a debugger, a frozen
+cgroup) or stuck holding the GIL never answers, and the main process waits for ever. The
+watch bounds the whole fetch: one that lasts ``--parallelism.timeout_s`` kills the
+workers, which ends the read with an error the loader reports as a stuck worker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Callable, Iterable
+
+
+class FetchWatch:
+    """A daemon thread that kills ``worker_pids()`` once a fetch outlasts ``timeout_s``."""
+
+    def __init__(self, timeout_s: float, worker_pids: Callable[[], Iterable[int]]) -> None:
+        self.timeout_s = timeout_s
+        self.fired = False  # the workers were killed because a fetch outlasted the timeout
+        self._worker_pids = worker_pids
+        self._fetch_began: float | None = None
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="lerobot-kit-fetch-watch", daemon=True)
+        self._thread.start()
+
+    def begin(self) -> None:
+        self._fetch_began = time.monotonic()
+
+    def end(self) -> None:
+        self._fetch_began = None
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _watch(self) -> None:
+        period = min(1.0, self.timeout_s / 10)
+        while not self._stopped.wait(period):
+            began = self._fetch_began
+            if began is not None and time.monotonic() - began > self.timeout_s:
+                self.fired = True
+                for pid in self._worker_pids():
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                return
