@@ -2,11 +2,12 @@
 
 DataLoader's ``timeout`` limits the wait for a worker's message, not what follows it. A
 message whose tensors live in shared memory carries file descriptors, and the main
-process fetches each from the worker that sent it, over a connection one of that
-worker's threads answers. A worker stopped after sending (SIGSTOP, a debugger, a frozen
-cgroup) or stuck holding the GIL never answers, and the main process waits for ever. The
-watch bounds the whole fetch: one that lasts ``--parallelism.timeout_s`` kills the
-workers, which ends the read with an error the loader reports as a stuck worker.
+process (or its pinning thread, on CUDA) fetches each from the worker that sent it, over
+a connection one of that worker's threads answers. A worker stopped after sending
+(SIGSTOP, a debugger, a frozen cgroup) or stuck holding the GIL never answers, and the
+read waits for ever. The watch bounds the whole fetch: one that lasts
+``--parallelism.timeout_s`` kills the workers, which ends the read with an error the
+loader reports as a stuck worker.
 """
 
 from __future__ import annotations
@@ -15,13 +16,12 @@ import os
 import signal
 import threading
 import time
-from typing import Callable, Iterable
 
 
 class FetchWatch:
-    """A daemon thread that kills ``worker_pids()`` once a fetch outlasts ``timeout_s``."""
+    """A daemon thread that kills ``worker_pids`` once a fetch outlasts ``timeout_s``."""
 
-    def __init__(self, timeout_s: float, worker_pids: Callable[[], Iterable[int]]) -> None:
+    def __init__(self, timeout_s: float, worker_pids: list[int]) -> None:
         self.timeout_s = timeout_s
         self.fired = False  # the workers were killed because a fetch outlasted the timeout
         self._worker_pids = worker_pids
@@ -45,7 +45,7 @@ class FetchWatch:
             began = self._fetch_began
             if began is not None and time.monotonic() - began > self.timeout_s:
                 self.fired = True
-                for pid in self._worker_pids():
+                for pid in self._worker_pids:
                     try:
                         os.kill(pid, signal.SIGKILL)
                     except ProcessLookupError:

@@ -288,7 +288,8 @@ class TrainingLoader:
         results = self._workers = iter(self.loader)
         atexit.register(self.close)
         if self.num_workers:
-            self._watch = FetchWatch(self.timeout_s, self._worker_pids)
+            pids = [worker.pid for worker in results._workers]  # type: ignore[attr-defined]  # persistent: fixed
+            self._watch = FetchWatch(self.timeout_s, pids)
         try:
             while True:
                 try:
@@ -312,13 +313,11 @@ class TrainingLoader:
         if self._watch is None:
             return next(results)
         self._watch.begin()
-        try:
-            return next(results)
-        finally:
-            self._watch.end()
-
-    def _worker_pids(self) -> list[int]:
-        return [worker.pid for worker in getattr(self._workers, "_workers", ())]
+        result = next(results)
+        # A fetch that failed stays timed: a pinning thread stuck taking over a stopped
+        # worker's batch is freed by the watch, or closing the loader would wait for it.
+        self._watch.end()
+        return result
 
     def close(self) -> None:
         """Stop the worker processes now (also at interpreter exit, and when iteration ends).
@@ -333,8 +332,6 @@ class TrainingLoader:
         """
         workers, self._workers = self._workers, None
         atexit.unregister(self.close)
-        if self._watch is not None:
-            self._watch.stop()
         shutdown = getattr(workers, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
@@ -342,6 +339,8 @@ class TrainingLoader:
             if worker.is_alive():
                 worker.kill()
                 worker.join()
+        if self._watch is not None:
+            self._watch.stop()
 
     def worker_failure(self, exc: RuntimeError) -> Exception:
         """``exc`` as the user's one line when it is DataLoader's word on its workers, else ``exc``.
