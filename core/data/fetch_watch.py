@@ -19,31 +19,43 @@ import time
 
 
 class FetchWatch:
-    """A daemon thread that kills ``worker_pids`` once a fetch outlasts ``timeout_s``."""
+    """A daemon thread that kills ``worker_pids`` once a fetch outlasts ``timeout_s``.
+
+    It counts the time it was awake to see, each look adding at most two periods: a whole
+    job stopped and continued (a SLURM suspension, ``kill -STOP``) did not wait on its
+    workers for as long as the clock moved, and its fetch must not be taken for a stuck one.
+    """
 
     def __init__(self, timeout_s: float, worker_pids: list[int]) -> None:
         self.timeout_s = timeout_s
         self.fired = False  # the workers were killed because a fetch outlasted the timeout
         self._worker_pids = worker_pids
-        self._fetch_began: float | None = None
+        self._fetches = 0
+        self._current: int | None = None  # the fetch under way, by number
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="lerobot-kit-fetch-watch", daemon=True)
         self._thread.start()
 
     def begin(self) -> None:
-        self._fetch_began = time.monotonic()
+        self._fetches += 1
+        self._current = self._fetches
 
     def end(self) -> None:
-        self._fetch_began = None
+        self._current = None
 
     def stop(self) -> None:
         self._stopped.set()
 
     def _watch(self) -> None:
         period = min(1.0, self.timeout_s / 10)
+        watched, waited, looked = None, 0.0, time.monotonic()
         while not self._stopped.wait(period):
-            began = self._fetch_began
-            if began is not None and time.monotonic() - began > self.timeout_s:
+            now = time.monotonic()
+            step, looked = min(now - looked, 2 * period), now
+            current = self._current
+            waited = waited + step if current is not None and current == watched else 0.0
+            watched = current
+            if waited > self.timeout_s:
                 self.fired = True
                 for pid in self._worker_pids:
                     try:
