@@ -95,7 +95,7 @@ def provenance(data: dict[str, Any], result: Path, page: Path, benchmarks: list[
     rel = Path(os.path.relpath(result, page.parent)).as_posix()
     link = f"[{result.name}]({rel})"
     date = str(data["date"]).replace("T", " ")
-    notes = f" {data['notes']}" if data.get("notes") else ""
+    notes = f" {data['notes'].rstrip('.')}." if data.get("notes") else ""
     command = _without_note(data["command"])
     if "transcribed_from" in data:
         return (f"Run on {date} on {where}; {', '.join(software)}; by `{command}`.{notes} "
