@@ -32,10 +32,10 @@ def test_a_fetch_that_outlasts_the_timeout_kills_the_workers(worker):
 
 def test_fetches_that_each_end_in_time_never_fire_however_long_they_add_up_to(worker):
     watch = FetchWatch(1, [worker.pid])
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 2
     while time.monotonic() < deadline:
         watch.begin()
-        time.sleep(0.2)
+        time.sleep(0.1)
         watch.end()
     watch.stop()
     assert worker.poll() is None and not watch.fired
@@ -44,14 +44,14 @@ def test_fetches_that_each_end_in_time_never_fire_however_long_they_add_up_to(wo
 WATCHED_PROCESS = """
 import sys, time
 from lerobot_kit.core.data.fetch_watch import FetchWatch
-watch = FetchWatch(3, [int(sys.argv[1])])
+watch = FetchWatch(2, [int(sys.argv[1])])
 watch.begin()
 time.sleep(0.5)  # the watch has seen this fetch under way
 print("fetching", flush=True)
 sys.stdin.readline()  # continued: the fetch ends a moment later
 time.sleep(0.3)
 watch.end()
-time.sleep(1)
+time.sleep(0.5)
 print("fired" if watch.fired else "not fired", flush=True)
 """
 
@@ -64,7 +64,7 @@ def test_a_process_stopped_mid_fetch_and_continued_is_not_taken_for_a_stuck_one(
     try:
         assert watched.stdout.readline() == "fetching\n"
         watched.send_signal(signal.SIGSTOP)
-        time.sleep(5)
+        time.sleep(3)
         watched.send_signal(signal.SIGCONT)
         watched.stdin.write("\n")
         watched.stdin.flush()
