@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,77 +45,69 @@ def _children(pid: int) -> list[int]:
     return sorted(int(child) for task in tasks.iterdir() for child in (task / "children").read_text().split())
 
 
+@contextlib.contextmanager
+def _two_worker_run(
+    tmp_path: Path, flags: list[str], logged_steps: int
+) -> Iterator[tuple[subprocess.Popen[bytes], list[int]]]:
+    """``lerobot train`` on a video dataset with two DataLoader workers, yielded with the
+    workers' pids once it has logged ``logged_steps`` steps; its stderr goes to
+    ``tmp_path / "stderr.log"``. The run and its workers are killed on exit."""
+    root = tmp_path / "user" / "video"
+    write_lerobot_dataset(root, [40, 40], video=True)
+    out = tmp_path / "run"
+    command = [script("lerobot"), "train", "--dataset.repo_id=user/video", f"--dataset.root={root}", *TINY_ACT,
+               *flags, "--num_workers=2", "--steps=100000", "--log_freq=1", "--batch_size=4", "--save_freq=100000",
+               f"--output_dir={out}"]
+    with (tmp_path / "stderr.log").open("w") as stderr_file:
+        run = subprocess.Popen(command, env={**without_launcher_vars(), **launch_env(tmp_path)},
+                               stdout=subprocess.DEVNULL, stderr=stderr_file)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "logs/metrics.jsonl").is_file() or len(read_metrics(out)) < logged_steps:
+            assert run.poll() is None and time.monotonic() < deadline, "no step logged"
+            time.sleep(0.05)
+        workers = _children(run.pid)
+        assert len(workers) == 2, workers
+        yield run, workers
+    finally:
+        for worker in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGKILL)
+        run.kill()
+
+
 @pytest.mark.parametrize(("sampler", "fix"), [
     ([], "Lower --num_workers if the machine ran out of memory"),
     (["--dataset.sampler.type=episode_blocks", "--dataset.sampler.buffer_size=16"],
      "Lower --num_workers or --dataset.sampler.buffer_size (each worker holds two windows of it) if"),
 ], ids=["random", "episode_blocks"])
 def test_a_killed_worker_ends_the_run_in_one_line_naming_what_to_lower(tmp_path, sampler, fix):
-    root = tmp_path / "user" / "video"
-    write_lerobot_dataset(root, [40, 40], video=True)
-    out = tmp_path / "run"
-    command = [script("lerobot"), "train", "--dataset.repo_id=user/video", f"--dataset.root={root}", *TINY_ACT,
-               *sampler, "--num_workers=2", "--steps=100000", "--log_freq=1", "--batch_size=4", "--save_freq=100000",
-               f"--output_dir={out}"]
-    log = tmp_path / "stderr.log"
-    with log.open("w") as stderr_file:
-        run = subprocess.Popen(command, env={**without_launcher_vars(), **launch_env(tmp_path)},
-                               stdout=subprocess.DEVNULL, stderr=stderr_file)
-    try:
-        deadline = time.monotonic() + 120
-        while not (out / "logs/metrics.jsonl").is_file() or not read_metrics(out):
-            assert run.poll() is None and time.monotonic() < deadline, "no step logged"
-            time.sleep(0.05)
-        workers = _children(run.pid)
-        assert len(workers) == 2, workers
+    with _two_worker_run(tmp_path, sampler, logged_steps=1) as (run, workers):
         os.kill(workers[0], signal.SIGKILL)
         run.wait(timeout=60)
-    finally:
-        run.kill()
-    stderr = log.read_text()
+    stderr = (tmp_path / "stderr.log").read_text()
     assert run.returncode == 1, stderr[-3000:]
     lines = stderr.splitlines()
     assert lines[-1].startswith("error: DataLoader worker ") and fix in lines[-1], stderr[-3000:]
     assert not [line for line in lines if line.startswith("Traceback")], stderr[-3000:]
 
 
-
 def test_stopped_workers_end_the_run_after_the_timeout_in_one_line(tmp_path):
     """Stopped after sending, a worker never hands over its batch's shared memory: without a
     bound on that handover the run waited for ever, whatever --parallelism.timeout_s said."""
-    root = tmp_path / "user" / "video"
-    write_lerobot_dataset(root, [40, 40], video=True)
-    out = tmp_path / "run"
-    command = [script("lerobot"), "train", "--dataset.repo_id=user/video", f"--dataset.root={root}", *TINY_ACT,
-               "--num_workers=2", "--steps=100000", "--log_freq=1", "--batch_size=4", "--save_freq=100000",
-               "--parallelism.timeout_s=5", f"--output_dir={out}"]
-    log = tmp_path / "stderr.log"
-    with log.open("w") as stderr_file:
-        run = subprocess.Popen(command, env={**without_launcher_vars(), **launch_env(tmp_path)},
-                               stdout=subprocess.DEVNULL, stderr=stderr_file)
-    workers: list[int] = []
-    try:
-        deadline = time.monotonic() + 120
-        while not (out / "logs/metrics.jsonl").is_file() or len(read_metrics(out)) < 5:
-            assert run.poll() is None and time.monotonic() < deadline, "no step logged"
-            time.sleep(0.05)
-        workers = _children(run.pid)
-        assert len(workers) == 2, workers
+    with _two_worker_run(tmp_path, ["--parallelism.timeout_s=5"], logged_steps=5) as (run, workers):
         for worker in workers:
             os.kill(worker, signal.SIGSTOP)
         run.wait(timeout=60)
-    finally:
-        for worker in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(worker, signal.SIGKILL)
-        run.kill()
-    stderr = log.read_text()
+    stderr = (tmp_path / "stderr.log").read_text()
     assert run.returncode == 1, stderr[-3000:]
     assert stderr.splitlines()[-1] == (
         "error: no batch from the DataLoader workers in 5 s (--parallelism.timeout_s); a worker is stuck reading "
         "the dataset or handing over its batch"
     ), stderr[-3000:]
     assert "Traceback" not in stderr
+
 
 def test_nan_in_stats_json_is_refused_when_the_dataset_is_opened(tmp_path):
     root = tmp_path / "user" / "nan"
