@@ -33,8 +33,7 @@ class FetchWatch:
         self._fetches = 0
         self._current: int | None = None  # the fetch under way, by number
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="lerobot-kit-fetch-watch", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._watch, name="lerobot-kit-fetch-watch", daemon=True).start()
 
     def begin(self) -> None:
         self._fetches += 1

@@ -297,7 +297,7 @@ class TrainingLoader:
                 except RuntimeError as exc:
                     raise self.worker_failure(exc) from exc
                 except (EOFError, ConnectionError) as exc:  # its batch's memory is handed over by the worker itself
-                    if self._watch is not None and self._watch.fired:
+                    if self._watch_fired:
                         raise self._stuck() from exc
                     raise DataError(
                         f"DataLoader worker died while handing over a batch ({type(exc).__name__}). "
@@ -348,12 +348,17 @@ class TrainingLoader:
         Public because a worker's death also arrives outside iteration: DataLoader's SIGCHLD
         handler raises it in whatever the main thread runs at that moment (a step, a save)."""
         text = str(exc)
-        if "DataLoader timed out" in text or (self._watch is not None and self._watch.fired):
+        if "DataLoader timed out" in text or self._watch_fired:
             return self._stuck()
         if "DataLoader worker" in text:
             first = text.splitlines()[0]
             return DataError(f"{first} Lower {self.memory_flags} if the machine ran out of memory")
         return exc
+
+    @property
+    def _watch_fired(self) -> bool:
+        """The fetch watch killed the workers: whatever error their deaths raised, they were stuck."""
+        return self._watch is not None and self._watch.fired
 
     def _stuck(self) -> DataError:
         return DataError(
